@@ -1,0 +1,251 @@
+"""The `bundle` command line: parse, call one library function, print its value. The only place that exits."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import click
+
+from bundler import keys
+from bundler.errors import BundleError
+from bundler.refs import parse_ref
+from bundler.store import Store, default_root
+
+_DEBUG = False
+
+
+def _password() -> bytes | None:
+    value = os.environ.get(keys.PASSWORD_ENV)
+    return value.encode() if value else None
+
+
+def _trusted(key_paths: tuple[str, ...]) -> dict[str, Any]:
+    return keys.trusted_keys([Path(p) for p in key_paths], os.environ.get(keys.TRUSTED_KEYS_ENV))
+
+
+def _emit(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+def _fail(err: BundleError, as_json: bool = False, extra: dict[str, Any] | None = None) -> None:
+    if as_json:
+        _emit({"ok": False, **(extra or {}), "error": {"code": err.code, "message": err.message}})
+    click.echo(err.line(), err=True)
+    sys.exit(err.exit_code)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every command: --store and --debug, errors shown as one line with their exit code."""
+
+    @click.option("--store", "store_dir", envvar=None, default=None, help="Store directory (default $BUNDLE_HOME or ~/.local/share/specbundle).")
+    @click.option("--debug", is_flag=True, help="Show tracebacks.")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, store_dir: str | None, debug: bool, **kwargs: Any) -> None:
+        global _DEBUG
+        _DEBUG = _DEBUG or debug
+        try:
+            fn(*args, store=Store(default_root(store_dir)), **kwargs)
+        except BundleError as err:
+            if _DEBUG:
+                traceback.print_exc()
+            _fail(err, as_json=kwargs.get("as_json", False))
+        except KeyboardInterrupt:
+            click.echo("error: [internal] interrupted; the store is unchanged", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+class _Group(click.Group):
+    """Usage errors as one line, `error: [usage] ...`, exit 2; bugs as `error: [internal] ...`, exit 1."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: [internal] aborted", err=True)
+            sys.exit(130)
+        except click.UsageError as exc:
+            hint = f" (see `bundle {exc.ctx.info_name} --help`)" if exc.ctx and exc.ctx.info_name != "bundle" else " (see `bundle --help`)"
+            click.echo(f"error: [usage] {exc.format_message()}{hint}", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"error: [usage] {exc.format_message()}", err=True)
+            sys.exit(2)
+        except SystemExit:
+            raise
+        except BaseException as exc:  # a bug: one line unless --debug
+            if _DEBUG or "--debug" in sys.argv:
+                traceback.print_exc()
+            click.echo(f"error: [internal] {type(exc).__name__}: {exc} (a bug; rerun with --debug for the traceback)", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specbundle")
+def main() -> None:
+    """specbundle: a speculative-decoding pair (target, draft, tokenizer, config) as one signed KitOps ModelKit."""
+
+
+def _progress() -> Iterator[Callable[[str, int], None] | None]:
+    """A rich progress bar on a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def tick(label: str, n: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=None)
+            bar.advance(tasks[label], n)
+
+        yield tick
+
+
+@main.command()
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for bundle.key and bundle.pub.")
+@command
+def keygen(store: Store, out_dir: str) -> None:
+    """Make an ECDSA P-256 key pair (the private key encrypted when BUNDLE_KEY_PASSWORD is set)."""
+    key_path, pub_path = keys.generate_keypair(Path(out_dir), _password())
+    pub = keys.load_public_key(pub_path)
+    click.echo(f"private key: {key_path}\npublic key:  {pub_path}\nkey id:      {keys.key_id(pub)}")
+
+
+@main.command()
+@click.argument("context", type=click.Path())
+@click.option("-f", "--file", "kitfile", type=click.Path(), help="Kitfile (default CONTEXT/Kitfile).")
+@click.option("-t", "--tag", "ref", required=True, help="Reference NAME[:TAG] to store the bundle under.")
+@click.option("--key", "key_path", type=click.Path(), help="Private key: sign the bundle too.")
+@click.option("--valid-days", default=365.0, show_default=True, help="How long the signature is valid.")
+@command
+def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float) -> None:
+    """Pack CONTEXT into a ModelKit in the store; the last line printed is the manifest digest."""
+    from bundler.modelkit import load_modelkit
+    from bundler.pack import pack as do_pack
+    from bundler.sign import sign_modelkit
+
+    parsed = parse_ref(ref)
+    private = keys.load_private_key(Path(key_path), _password()) if key_path else None  # fail before packing
+    for tick in _progress():
+        result = do_pack(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick)
+    click.echo(f"packed {result.ref}: {len(result.layers)} layers, {len(result.files)} files")
+    if private is not None:
+        mk = load_modelkit(store, parsed)
+        signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days)
+        click.echo(f"signed by {signed.key_id[:16]}… (signature {signed.signature_digest})")
+    click.echo(result.digest)
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--key", "key_path", required=True, type=click.Path(), help="Private key (PKCS#8 PEM).")
+@click.option("--valid-days", default=365.0, show_default=True, help="How long the signature is valid.")
+@command
+def sign(store: Store, ref: str, key_path: str, valid_days: float) -> None:
+    """Sign a bundle already in the store."""
+    from bundler.modelkit import load_modelkit
+    from bundler.sign import sign_modelkit
+    from bundler.verify import verify_bundle
+
+    parsed = parse_ref(ref)
+    private = keys.load_private_key(Path(key_path), _password())
+    verify_bundle(store, parsed, {}, allow_unsigned=True).raise_for_error()  # never sign a damaged bundle
+    signed = sign_modelkit(store, load_modelkit(store, parsed), private, valid_days=valid_days)
+    click.echo(f"signed {parsed} ({signed.digest}) by {signed.key_id[:16]}…\n{signed.signature_digest}")
+
+
+def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--allow-unsigned", is_flag=True, help="Check integrity only; the origin is NOT verified.")(fn)
+    return click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also every *.pub in $BUNDLE_TRUSTED_KEYS.")(fn)
+
+
+@main.command()
+@click.argument("ref")
+@_trust_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@command
+def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, as_json: bool) -> None:
+    """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
+    from bundler.verify import verify_bundle
+
+    report = verify_bundle(store, parse_ref(ref), _trusted(key_paths), allow_unsigned=allow_unsigned)
+    if as_json:
+        _emit(report.as_json())
+    else:
+        for c in report.checks:
+            click.echo(f"{'ok  ' if c.ok else 'FAIL'} {c.name:<16} {c.detail}")
+    if report.error:
+        click.echo(report.error.line(), err=True)
+        sys.exit(report.error.exit_code)
+    if not as_json:
+        who = f"signed by {report.signer}" if report.signer else "UNSIGNED (integrity only)"
+        click.echo(f"verified {report.ref} {report.digest} {who}")
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable).")
+@click.option("--max-tokens", default=2048, show_default=True, help="Context length for the memory estimate.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@command
+def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int, as_json: bool) -> None:
+    """Manifest, layers, roles, signer, tokenizer fingerprint, memory needed to run."""
+    from bundler.inspect import inspect_bundle
+
+    info = inspect_bundle(store, parse_ref(ref), _trusted(key_paths), max_tokens)
+    if as_json:
+        _emit(info)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{info['ref']}[/bold]  {info['digest']}")
+    table = Table("role", "path", "size", "digest")
+    for layer in info["layers"]:
+        table.add_row(layer["role"], layer["path"], f"{layer['size']:,}", layer["digest"][:19] + "…")
+    console.print(table)
+    ver = info["verification"]
+    console.print(f"signer: {ver['signer'] or '-'}   verified: {'yes' if ver['ok'] else 'no: ' + str(ver['error'])}")
+    console.print(f"tokenizer: {info['tokenizer'].get('fingerprint')}")
+    for role, m in info.get("models", {}).items():
+        if isinstance(m, dict):
+            console.print(f"{role}: {m['parameters']:,} parameters")
+    if "memory" in info:
+        mem = info["memory"]
+        console.print(f"memory to run ({mem['dtype']}, {mem['max_tokens']} tokens): {mem['total_bytes'] / 2**20:,.0f} MiB")
+
+
+@main.command(name="list")
+@command
+def list_(store: Store) -> None:
+    """Bundles in the store."""
+    for entry in store.entries():
+        click.echo(f"{entry.ref}\t{entry.digest}")
+
+
+@main.command()
+@click.argument("ref")
+@click.option("-d", "--dir", "dest", required=True, type=click.Path(), help="Directory to extract into (new or empty).")
+@_trust_options
+@command
+def unpack(store: Store, ref: str, dest: str, key_paths: tuple[str, ...], allow_unsigned: bool) -> None:
+    """Verify, then extract the bundle into DIR; never writes outside it."""
+    from bundler.unpack import unpack as do_unpack
+
+    for tick in _progress():
+        result = do_unpack(store, parse_ref(ref), Path(dest), _trusted(key_paths), allow_unsigned, progress=tick)
+    who = f"signed by {result.report.signer}" if result.report.signer else "UNSIGNED (integrity only)"
+    click.echo(f"unpacked {result.files} files to {result.dest} ({who})")

@@ -1,0 +1,65 @@
+"""Errors as values with a code: raised once where the problem is known, shown once by the CLI."""
+
+from __future__ import annotations
+
+# Exit code families of CONTRACT.md section 3.
+INTERNAL, USAGE, INTEGRITY, POLICY, REGISTRY, INVALID = 1, 2, 3, 4, 5, 6
+
+# Every code name the project raises, with its exit code. A new code is added here first.
+CODES: dict[str, int] = {
+    "internal": INTERNAL,
+    "usage": USAGE,
+    "not-found": USAGE,
+    "missing-input": USAGE,
+    # integrity or signature
+    "integrity": INTEGRITY,
+    "digest-mismatch": INTEGRITY,
+    "tampered": INTEGRITY,
+    "missing-file": INTEGRITY,
+    "extra-file": INTEGRITY,
+    "unsafe-archive": INTEGRITY,
+    "signature-missing": INTEGRITY,
+    "signature-invalid": INTEGRITY,
+    "untrusted-signer": INTEGRITY,
+    "signature-mismatch": INTEGRITY,
+    "expired": INTEGRITY,
+    "rollback": INTEGRITY,
+    "key-error": INTEGRITY,
+    # policy
+    "tokenizer-mismatch": POLICY,
+    "pairing": POLICY,
+    "size-ratio": POLICY,
+    "model-family": POLICY,
+    "memory-budget": POLICY,
+    "pickle-weights": POLICY,
+    # registry or network
+    "registry": REGISTRY,
+    "registry-unreachable": REGISTRY,
+    "registry-auth": REGISTRY,
+    "registry-not-found": REGISTRY,
+    # invalid Kitfile or bundle content
+    "invalid-kitfile": INVALID,
+    "invalid-bundle": INVALID,
+}
+
+
+class BundleError(Exception):
+    """A failure with a CONTRACT.md code name; its exit code follows from the name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        if code not in CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def exit_code(self) -> int:
+        return CODES[self.code]
+
+    def line(self) -> str:
+        """The one line shown on stderr."""
+        return f"error: [{self.code}] {self.message}"
+
+    def as_json(self) -> dict:
+        return {"code": self.code, "exit_code": self.exit_code, "message": self.message}

@@ -1,0 +1,81 @@
+"""`bundle inspect` and `bundle list`: what a bundle holds, who signed it, what it needs to run."""
+
+from __future__ import annotations
+
+import posixpath
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from bundler import signature
+from bundler.errors import BundleError
+from bundler.layerread import TOKENIZER_FILES
+from bundler.modelkit import ModelKit, load_modelkit
+from bundler.refs import Ref
+from bundler.sign import find_signatures
+from bundler.store import Store
+from bundler.tarlayer import iter_layer
+from bundler.verify import verify_bundle
+
+MAX_METADATA_FILE = 64 << 20
+MAX_SAFETENSORS_HEADER = 100 << 20
+METADATA_FILES = TOKENIZER_FILES | {"config.json", "generation_config.json"}
+
+
+def metadata_view(store: Store, mk: ModelKit, dest: Path) -> None:
+    """Write the small files of a bundle and the headers of its safetensors files (enough to count parameters)."""
+    for spec, desc in mk.layers:
+        with open(store.blob_path(desc.digest), "rb") as f:
+            for member, content in iter_layer(f, spec.path):
+                if member.kind != "file" or content is None:
+                    continue
+                base = posixpath.basename(member.name)
+                out = dest / member.name
+                if base in METADATA_FILES and member.size <= MAX_METADATA_FILE:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(content.read())
+                elif base.endswith(".safetensors") and member.size >= 8:
+                    head = content.read(8)
+                    (n,) = struct.unpack("<Q", head)
+                    if n <= min(MAX_SAFETENSORS_HEADER, member.size - 8):
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        out.write_bytes(head + content.read(n))
+
+
+def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_tokens: int = 2048) -> dict[str, Any]:
+    """A JSON-ready description: manifest, layers with roles, signer and verification state, tokenizer, sizes."""
+    from runner import modelinfo, tokenizer_gate  # the runner reads model and tokenizer files; imported late (torch-free)
+
+    mk = load_modelkit(store, ref)
+    roles = mk.kitfile.role_paths()
+    claimed = [c for _, payload in find_signatures(store, mk.digest) if (c := signature.read_unverified(payload))]
+    report = verify_bundle(store, ref, trusted, record=False)
+    out: dict[str, Any] = {
+        "ref": str(ref),
+        "digest": mk.digest,
+        "package": mk.kitfile.data["package"],
+        "manifest": mk.manifest,
+        "layers": [
+            {"role": spec.role, "path": spec.path, "mediaType": desc.media_type, "digest": desc.digest, "size": desc.size} for spec, desc in mk.layers
+        ],
+        "roles": roles,
+        "parameters": mk.kitfile.parameters,
+        "signatures": [{"key_id": c.key_id, "created": c.bundle.get("created"), "expires": c.bundle.get("expires")} for c in claimed],
+        "verification": {"ok": report.ok, "signer": report.signer, "error": report.error.line() if report.error else None},
+        "size_bytes": sum(desc.size for _, desc in mk.layers),
+    }
+    with tempfile.TemporaryDirectory(prefix="specbundle-inspect-") as tmp:
+        view = Path(tmp)
+        metadata_view(store, mk, view)
+        try:
+            out["tokenizer"] = {"fingerprint": tokenizer_gate.fingerprint(view / roles["tokenizer"])}
+        except BundleError as err:
+            out["tokenizer"] = {"fingerprint": None, "error": err.line()}
+        dtype = str(mk.kitfile.parameters.get("dtype", "float32"))
+        try:
+            out["models"] = {role: {"parameters": modelinfo.count_parameters(view / roles[role])} for role in ("target", "draft")}
+            out["memory"] = {"dtype": dtype, "max_tokens": max_tokens, **modelinfo.estimate_memory(view / roles["target"], view / roles["draft"], dtype, max_tokens)}
+        except BundleError as err:
+            out["models"] = {"error": err.line()}
+    return out

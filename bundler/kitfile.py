@@ -1,0 +1,195 @@
+"""Load and validate a Kitfile: YAML (no aliases), JSON Schema, the kitops model, then the roles and paths."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from kitops.modelkit.kitfile import Kitfile as KitopsKitfile
+
+from bundler.errors import BundleError
+
+MAX_KITFILE_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+KITFILE_NAMES = ("Kitfile", "kitfile", ".kitfile")
+# Weights stored with pickle can run code when loaded: refused in model roles.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt", ".pickle")
+MODEL_ROLES = ("target", "draft")
+REQUIRED_ROLES = ("target", "draft", "tokenizer")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One Kitfile entry, which becomes one layer."""
+
+    role: str  # target | draft | tokenizer | part | code | dataset | docs
+    kind: str  # the media type word: model | modelpart | code | dataset | docs
+    path: str  # normalised, relative to the context, no trailing slash
+    section: str  # where it sits in the Kitfile: model, parts, code, datasets, docs
+    index: int  # position within its section
+
+
+@dataclass(frozen=True)
+class Kitfile:
+    """A validated Kitfile: the document as written, and its layers in kit's order."""
+
+    data: dict[str, Any]
+    layers: tuple[LayerSpec, ...]
+
+    @property
+    def name(self) -> str:
+        return self.data["package"]["name"]
+
+    @property
+    def version(self) -> str:
+        return self.data["package"]["version"]
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return dict(self.data["model"].get("parameters") or {})
+
+    def role_paths(self) -> dict[str, str]:
+        """role -> path for the three roles the runner needs."""
+        return {spec.role: spec.path for spec in self.layers if spec.role in REQUIRED_ROLES}
+
+
+@cache
+def _schema() -> dict:
+    text = resources.files("schemas").joinpath("kitfile.schema.json").read_text()
+    return json.loads(text)
+
+
+def _invalid(where: str, what: str) -> BundleError:
+    return BundleError("invalid-kitfile", f"{where}: {what}")
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    """Safe YAML with aliases refused (a billion-laughs bomb needs them) and nesting bounded."""
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                raise _invalid(where, f"line {event.start_mark.line + 1}: YAML aliases are not allowed")
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise _invalid(where, f"nested deeper than {MAX_YAML_DEPTH} levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}: " if mark else ""
+        raise _invalid(where, f"{at}not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+
+
+def normalise_path(raw: str, where: str) -> str:
+    """A context-relative posix path, or an invalid-kitfile error saying why not."""
+    if "://" in raw or raw.startswith(("s3:", "kit:")):
+        raise _invalid(where, f"path {raw!r} is remote; only local paths are packed")
+    if "\\" in raw or "\x00" in raw:
+        raise _invalid(where, f"path {raw!r} has a backslash or NUL")
+    if raw.startswith("/"):
+        raise _invalid(where, f"path {raw!r} is absolute; paths are relative to the context")
+    if ".." in raw.split("/"):
+        raise _invalid(where, f"path {raw!r} escapes the context with '..'")
+    norm = posixpath.normpath(raw)
+    if norm in (".", ""):
+        raise _invalid(where, f"path {raw!r} names the whole context; name a file or directory in it")
+    return norm
+
+
+def _layer_specs(data: dict[str, Any], where: str) -> tuple[LayerSpec, ...]:
+    model = data["model"]
+    specs = [LayerSpec("target", "model", normalise_path(model["path"], f"{where} model.path"), "model", 0)]
+    for i, part in enumerate(model.get("parts", [])):
+        role = part["type"] if part["type"] in ("draft", "tokenizer") else "part"
+        specs.append(LayerSpec(role, "modelpart", normalise_path(part["path"], f"{where} model.parts[{i}].path"), "parts", i))
+    for section, kind in (("code", "code"), ("datasets", "dataset"), ("docs", "docs")):
+        for i, entry in enumerate(data.get(section, [])):
+            specs.append(LayerSpec(kind, kind, normalise_path(entry["path"], f"{where} {section}[{i}].path"), section, i))
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.path in seen:
+            raise _invalid(where, f"path {spec.path!r} appears twice ({seen[spec.path]} and {spec.section})")
+        seen[spec.path] = spec.section
+    for role in REQUIRED_ROLES:
+        count = sum(spec.role == role for spec in specs)
+        if count != 1:
+            what = "missing" if count == 0 else f"given {count} times"
+            raise _invalid(where, f"the {role} role is {what}: a bundle has one target (model.path), one part of type draft and one of type tokenizer")
+    return tuple(specs)
+
+
+def parse_kitfile(text: str, where: str = "Kitfile") -> Kitfile:
+    """Validate Kitfile text (schema, kitops model, roles, paths); no file system access."""
+    if len(text.encode()) > MAX_KITFILE_BYTES:
+        raise _invalid(where, f"larger than {MAX_KITFILE_BYTES} bytes")
+    return kitfile_from_data(_parse_yaml(text, where), where)
+
+
+def kitfile_from_data(data: Any, where: str = "Kitfile") -> Kitfile:
+    """Validate an already-parsed Kitfile document (from YAML, or from a bundle's config)."""
+    if not isinstance(data, dict):
+        raise _invalid(where, "not a YAML mapping")
+    errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        at = ".".join(str(p) for p in first.absolute_path) or "(top level)"
+        raise _invalid(where, f"{at}: {first.message}")
+    try:
+        KitopsKitfile(**data)  # the reference model of the format must accept it too
+    except Exception as exc:  # pydantic's ValidationError, or TypeError from its setters
+        raise _invalid(where, f"rejected by the KitOps Kitfile model: {str(exc).splitlines()[0]}") from None
+    return Kitfile(data=data, layers=_layer_specs(data, where))
+
+
+def load_kitfile(context: Path, kitfile: Path | None = None) -> Kitfile:
+    """Read and validate the Kitfile of a context directory, and check its paths against the tree."""
+    if not context.is_dir():
+        raise BundleError("missing-input", f"context {context} is not a directory")
+    path = kitfile if kitfile is not None else next((context / n for n in KITFILE_NAMES if (context / n).is_file()), context / "Kitfile")
+    if not path.is_file():
+        raise BundleError("missing-input", f"no Kitfile at {path}")
+    raw = path.read_bytes()[: MAX_KITFILE_BYTES + 1]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _invalid(str(path), "not UTF-8 text") from None
+    parsed = parse_kitfile(text, str(path))
+    check_tree(context, parsed)
+    return parsed
+
+
+def pickle_files(names: list[str]) -> list[str]:
+    """The names that are pickle-based weight files."""
+    return [n for n in names if n.lower().endswith(PICKLE_SUFFIXES)]
+
+
+def check_tree(context: Path, kitfile: Kitfile) -> None:
+    """Every path exists inside the context (no symlink escapes) and model roles hold no pickle weights."""
+    root = context.resolve()
+    for spec in kitfile.layers:
+        target = context / spec.path
+        if not target.exists():
+            raise _invalid(str(context), f"{spec.role} path {spec.path!r} does not exist")
+        if not target.resolve().is_relative_to(root):
+            raise _invalid(str(context), f"{spec.role} path {spec.path!r} resolves outside the context")
+        for path in [target, *target.rglob("*")] if target.is_dir() else [target]:
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                kind = "a symlink" if path.is_symlink() else "not a regular file or directory"
+                raise BundleError("invalid-bundle", f"{path.relative_to(context)} is {kind}: only regular files and directories are packed")
+        if spec.role in MODEL_ROLES:
+            names = [str(p.relative_to(context)) for p in target.rglob("*")] if target.is_dir() else [spec.path]
+            found = pickle_files(names)
+            if found:
+                raise BundleError("pickle-weights", f"{spec.role} holds pickle-based weights {found[0]!r}: convert to safetensors")
+            if target.is_dir() and not any(target.rglob("*.safetensors")):
+                raise _invalid(str(context), f"{spec.role} path {spec.path!r} holds no *.safetensors weights")

@@ -1,0 +1,80 @@
+"""Read a ModelKit from the store: manifest -> config -> Kitfile and the layer of each entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bundler.errors import BundleError
+from bundler.kitfile import Kitfile, LayerSpec, kitfile_from_data
+from bundler.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, layer_kind
+from bundler.refs import Ref
+from bundler.store import Store
+
+_LAYER_INFO = ("digest", "diffId")
+
+
+@dataclass(frozen=True)
+class ModelKit:
+    """A bundle as the store holds it, its config parsed back into a validated Kitfile."""
+
+    ref: Ref
+    manifest_desc: Descriptor
+    manifest: dict[str, Any]
+    config_desc: Descriptor
+    config: dict[str, Any]
+    kitfile: Kitfile
+    layers: list[tuple[LayerSpec, Descriptor]]
+
+    @property
+    def digest(self) -> str:
+        return self.manifest_desc.digest
+
+
+def _strip_layer_info(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_layer_info(v) for k, v in value.items() if k not in _LAYER_INFO}
+    if isinstance(value, list):
+        return [_strip_layer_info(v) for v in value]
+    return value
+
+
+def _entry_digest(config: dict[str, Any], spec: LayerSpec) -> str | None:
+    if spec.section == "model":
+        return config["model"].get("digest")
+    if spec.section == "parts":
+        return config["model"]["parts"][spec.index].get("digest")
+    return config[spec.section][spec.index].get("digest")
+
+
+def load_modelkit(store: Store, ref: Ref) -> ModelKit:
+    """Resolve `ref` and read its manifest and config (each checked against its digest)."""
+    desc = store.resolve(ref)
+    _, manifest = store.read_json_blob(desc)
+    if manifest.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST or manifest.get("schemaVersion") != 2:
+        raise BundleError("invalid-bundle", f"{ref}: not an OCI image manifest")
+    cfg = manifest.get("config") or {}
+    if cfg.get("mediaType") != MODELKIT_CONFIG:
+        raise BundleError("invalid-bundle", f"{ref}: config media type {cfg.get('mediaType')!r} is not a ModelKit config")
+    config_desc = Descriptor(cfg["mediaType"], cfg["digest"], cfg["size"])
+    _, config = store.read_json_blob(config_desc)
+    kitfile = kitfile_from_data(_strip_layer_info(config), f"{ref} config")
+    by_digest: dict[str, dict[str, Any]] = {}
+    for layer in manifest.get("layers", []):
+        if layer_kind(layer.get("mediaType", "")) is None:
+            raise BundleError("invalid-bundle", f"{ref}: layer {layer.get('digest')} has media type {layer.get('mediaType')!r}, not an uncompressed ModelKit layer")
+        if layer["digest"] in by_digest:
+            raise BundleError("invalid-bundle", f"{ref}: layer {layer['digest']} is listed twice")
+        by_digest[layer["digest"]] = layer
+    layers: list[tuple[LayerSpec, Descriptor]] = []
+    for spec in kitfile.layers:
+        digest = _entry_digest(config, spec)
+        layer = by_digest.pop(digest, None) if digest else None
+        if layer is None:
+            raise BundleError("invalid-bundle", f"{ref}: no layer for {spec.role} entry {spec.path!r} (config digest {digest})")
+        if layer_kind(layer["mediaType"]) != spec.kind:
+            raise BundleError("invalid-bundle", f"{ref}: layer for {spec.path!r} is a {layer_kind(layer['mediaType'])} layer, expected {spec.kind}")
+        layers.append((spec, Descriptor(layer["mediaType"], layer["digest"], layer["size"])))
+    if by_digest:
+        raise BundleError("invalid-bundle", f"{ref}: layer {next(iter(by_digest))} is not named by any Kitfile entry")
+    return ModelKit(ref, desc, manifest, config_desc, config, kitfile, layers)

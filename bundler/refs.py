@@ -1,0 +1,64 @@
+"""References: NAME[:TAG] or NAME@sha256:<hex>, NAME optionally starting with a registry host."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bundler.errors import BundleError
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_NAME = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+_HOST = re.compile(r"^(?:localhost|[A-Za-z0-9.-]+\.[A-Za-z0-9.-]+|[A-Za-z0-9.-]+:[0-9]+|\[[0-9a-fA-F:]+\](?::[0-9]+)?)$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A parsed reference; `registry` is empty for a name that only lives in the local store."""
+
+    registry: str
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.registry}/{self.repository}" if self.registry else self.repository
+
+    def __str__(self) -> str:
+        if self.digest:
+            return f"{self.name}@{self.digest}"
+        return f"{self.name}:{self.tag}"
+
+    @property
+    def reference(self) -> str:
+        """What the registry API calls the reference: the digest if given, else the tag."""
+        return self.digest or self.tag or "latest"
+
+
+def parse_ref(text: str) -> Ref:
+    """Parse a reference, or raise a usage error that says what a reference looks like."""
+    bad = BundleError("usage", f"bad reference {text!r}: expected NAME[:TAG] or NAME@sha256:<hex> (NAME lowercase, optionally HOST[:PORT]/ first)")
+    digest = None
+    rest = text
+    if "@" in rest:
+        rest, digest = rest.split("@", 1)
+        if not _DIGEST.match(digest):
+            raise bad
+    tag = None
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        rest, tag = rest.rsplit(":", 1)
+        if not _TAG.match(tag):
+            raise bad
+    registry = ""
+    parts = rest.split("/", 1)
+    if len(parts) == 2 and _HOST.match(parts[0]):
+        registry, rest = parts
+    if not _NAME.match(rest):
+        raise bad
+    if digest is None and tag is None:
+        tag = "latest"
+    return Ref(registry=registry, repository=rest, tag=tag, digest=digest)

@@ -1,0 +1,115 @@
+"""Sign a bundle in the store, and find its signatures: an OCI artifact whose subject is the bundle manifest."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from bundler import keys, signature
+from bundler.errors import BundleError
+from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json
+from bundler.modelkit import ModelKit
+from bundler.store import Store
+
+EMPTY_CONFIG = b"{}"
+DEFAULT_VALID_DAYS = 365
+
+
+@dataclass(frozen=True)
+class SignResult:
+    digest: str  # the bundle's manifest digest
+    key_id: str
+    signature_digest: str  # the signature artifact's manifest digest
+
+
+def signed_fields(mk: ModelKit, roles: Mapping[str, str], valid_days: float, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Our fields in the model-signing predicate: what this signature vouches for, and until when."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    stamp = lambda t: t.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    return {
+        "name": mk.kitfile.name,
+        "version": mk.kitfile.version,
+        "manifest_digest": mk.digest,
+        "config_digest": mk.config_desc.digest,
+        "roles": dict(sorted(roles.items())),
+        "created": stamp(now),
+        "expires": stamp(now + dt.timedelta(days=valid_days)),
+    }
+
+
+def file_hashes(store: Store, mk: ModelKit) -> tuple[dict[str, str], dict[str, str]]:
+    """(path -> sha256, path -> role) of every file in the bundle, read from its layers."""
+    import hashlib
+
+    from bundler.tarlayer import iter_layer
+
+    hashes: dict[str, str] = {}
+    roles: dict[str, str] = {}
+    for spec, desc in mk.layers:
+        with open(store.blob_path(desc.digest), "rb") as f:
+            for member, content in iter_layer(f, spec.path):
+                if member.kind != "file" or content is None:
+                    continue
+                h = hashlib.sha256()
+                while chunk := content.read(1 << 20):
+                    h.update(chunk)
+                hashes[member.name] = h.hexdigest()
+                roles[member.name] = spec.role
+    return hashes, roles
+
+
+def sign_modelkit(
+    store: Store,
+    mk: ModelKit,
+    private_key: Any,
+    files: Mapping[str, str] | None = None,
+    roles: Mapping[str, str] | None = None,
+    valid_days: float = DEFAULT_VALID_DAYS,
+) -> SignResult:
+    """Sign a bundle and store the signature artifact beside it (files/roles: from pack, else read from the layers)."""
+    if files is None or roles is None:
+        files, roles = file_hashes(store, mk)
+    payload = signature.sign(files, signed_fields(mk, roles, valid_days), private_key, model_name=mk.kitfile.name)
+    with store.transaction() as staging:
+        layer = Descriptor(signature.SIGSTORE_BUNDLE_MEDIA_TYPE, staging.add_bytes(payload).digest, len(payload))
+        config = Descriptor(OCI_EMPTY, staging.add_bytes(EMPTY_CONFIG).digest, len(EMPTY_CONFIG))
+        manifest = go_json(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI_MANIFEST,
+                "artifactType": signature.SIGSTORE_BUNDLE_MEDIA_TYPE,
+                "config": config.as_dict(),
+                "layers": [layer.as_dict()],
+                "subject": mk.manifest_desc.as_dict() | {"mediaType": OCI_MANIFEST},
+                "annotations": {
+                    "dev.sigstore.bundle.content": "dsse-envelope",
+                    "dev.sigstore.bundle.predicateType": signature.PREDICATE_TYPE,
+                },
+            }
+        )
+        desc = Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+        staging.commit()
+        store.add_untagged(desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
+    return SignResult(mk.digest, keys.key_id(private_key.public_key()), desc.digest)
+
+
+def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:
+    """Signature artifacts in the store whose subject is `subject_digest`, with their Sigstore bundle bytes."""
+    found: list[tuple[Descriptor, bytes]] = []
+    for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
+        try:
+            _, manifest = store.read_json_blob(desc)
+        except BundleError:
+            continue  # a damaged signature artifact counts as no signature; verify then says so
+        if (manifest.get("subject") or {}).get("digest") != subject_digest:
+            continue
+        layers = manifest.get("layers") or []
+        if len(layers) != 1 or layers[0].get("mediaType") != signature.SIGSTORE_BUNDLE_MEDIA_TYPE:
+            continue
+        try:
+            data, _ = store.read_json_blob(layers[0])
+        except BundleError:
+            continue
+        found.append((desc, data))
+    return found

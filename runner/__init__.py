@@ -1,0 +1,1 @@
+"""specbundle's runner: tokenizer gate, pairing policy, loading, speculative decoding, metrics."""

@@ -1,0 +1,128 @@
+"""How well the draft is doing: counters kept by the decoding loop, and the speed-up they predict.
+
+The prediction is Leviathan et al.'s (2023, "Fast Inference from Transformers via Speculative
+Decoding"): with per-token acceptance a, k drafted tokens and a draft step costing c target steps, one
+iteration yields (1 - a^(k+1)) / (1 - a) tokens for k*c + 1 target steps. We measure the verify pass
+too (v target steps, about 1 on a GPU, more on a CPU), so the denominator is k*c + v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens one speculative iteration yields on average: accepted drafts plus the target's own token."""
+    if acceptance >= 1.0:
+        return float(k + 1)
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def predicted_speedup(acceptance: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
+    """Leviathan's speed-up over plain decoding: (1 - a^(k+1)) / ((1 - a)(k c + v))."""
+    return expected_tokens(acceptance, k) / (k * cost_ratio + verify_ratio)
+
+
+def best_predicted_speedup(acceptance: float, cost_ratio: float, verify_ratio: float, max_k: int) -> tuple[float, int]:
+    """The best predicted speed-up over draft lengths 1..max_k, and the k that gives it."""
+    return max((predicted_speedup(acceptance, k, cost_ratio, verify_ratio), k) for k in range(1, max(max_k, 1) + 1))
+
+
+def _mean(total: float, count: int) -> float | None:
+    return total / count if count else None
+
+
+@dataclass
+class Stats:
+    """Counters of one generation. The loop updates them where things happen; properties derive the rest."""
+
+    new_tokens: int = 0
+    drafted: int = 0  # draft tokens proposed to the target
+    accepted: int = 0  # of those, accepted
+    rejections: int = 0  # speculative iterations that ended on a rejected draft token
+    speculative_iterations: int = 0  # target verify passes over >= 1 draft token
+    target_passes: int = 0  # every target forward: prefill, verify passes, single steps
+    draft_passes: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # per draft position (1-based in the output)
+    accepted_at: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0  # timed draft steps (draft prefill excluded)
+    draft_steps_timed: int = 0
+    verify_time_s: float = 0.0  # timed verify passes
+    verifies_timed: int = 0
+    step_time_s: float = 0.0  # timed single-token target steps: what plain decoding costs per token
+    steps_timed: int = 0
+    elapsed_s: float = 0.0
+    draft_tokens_final: int | None = None
+    predicted_speedup: float | None = None  # the guard's last prediction (best k)
+    fallback: dict | None = None  # {"at_token", "reason"} once the guard switched to plain decoding
+
+    def record_verify(self, k: int, n: int) -> None:
+        """One verify pass over k drafted tokens, of which the first n were accepted."""
+        self.speculative_iterations += 1
+        self.drafted += k
+        self.accepted += n
+        self.rejections += n < k
+        while len(self.drafted_at) < k:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(k):
+            self.drafted_at[i] += 1
+        for i in range(n):
+            self.accepted_at[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted."""
+        return _mean(self.accepted, self.drafted)
+
+    @property
+    def acceptance(self) -> float | None:
+        """Per-token acceptance a of Leviathan's model (maximum likelihood: drafts stop at the first rejection)."""
+        return _mean(self.accepted, self.accepted + self.rejections)
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Draft tokens accepted per verify pass (each pass adds one more token of the target's own)."""
+        return _mean(self.accepted, self.speculative_iterations)
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """For draft position i: accepted there / drafted there."""
+        return [a / d for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def cost_ratio(self) -> float | None:
+        """One draft step's time over one single-token target step's time."""
+        draft, step = _mean(self.draft_time_s, self.draft_steps_timed), _mean(self.step_time_s, self.steps_timed)
+        return draft / step if draft is not None and step else None
+
+    @property
+    def verify_cost_ratio(self) -> float | None:
+        """One verify pass's time over one single-token target step's time."""
+        verify, step = _mean(self.verify_time_s, self.verifies_timed), _mean(self.step_time_s, self.steps_timed)
+        return verify / step if verify is not None and step else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else None
+
+    def as_dict(self) -> dict:
+        """The `stats` object of CONTRACT.md's `run --json`, with the extra figures after the contract's."""
+        return {
+            "new_tokens": self.new_tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "target_passes": self.target_passes,
+            "tokens_per_second": self.tokens_per_second,
+            "fallback": self.fallback,
+            "per_position_acceptance": self.per_position_acceptance,
+            "draft_passes": self.draft_passes,
+            "speculative_iterations": self.speculative_iterations,
+            "elapsed_s": self.elapsed_s,
+            "cost_ratio": self.cost_ratio,
+            "verify_cost_ratio": self.verify_cost_ratio,
+            "predicted_speedup": self.predicted_speedup,
+            "draft_tokens_final": self.draft_tokens_final,
+        }

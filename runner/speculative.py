@@ -1,0 +1,312 @@
+"""Speculative decoding on transformers models with KV caches, lossless, with a guard that falls back.
+
+The loop (`generate_speculative`): the draft proposes k tokens one step at a time, the target scores
+all of them in one pass, the longest agreeing prefix is kept plus one token of the target's own, and
+both caches are cropped back to what was kept. Greedy output is the target's greedy output token for
+token; sampled output follows the target's distribution exactly (accept with min(1, p/q), else resample
+from max(p - q, 0) normalised). Invariant between iterations: the target's cache holds every token but
+`last`; the draft's cache holds every token but `pending`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from runner.metrics import Stats, best_predicted_speedup
+
+WARMUP_ITERATIONS = 4  # speculative iterations before the guard judges
+PROBE_STEPS = 2  # single target steps timed early on: the cost of plain decoding, for the prediction
+PATIENCE = 2  # consecutive predictions below 1 before falling back
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids, prompt excluded
+    stats: Stats
+
+
+class Sampler:
+    """Turns logits into tokens: argmax at temperature 0, else seeded sampling with temperature and top-p.
+
+    Logits are cut to the first `vocab_size` ids, so models whose embeddings are padded past the
+    tokenizer's vocabulary are compared on the ids the tokenizer can produce.
+    """
+
+    def __init__(self, temperature: float, top_p: float, seed: int | None, device: torch.device, vocab_size: int):
+        self.greedy = temperature <= 0.0
+        self.temperature, self.top_p, self.vocab_size = temperature, top_p, vocab_size
+        self.generator = torch.Generator(device=device)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        else:
+            self.generator.seed()
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """(n, V) logits -> (n, vocab_size) float32 probabilities after temperature and top-p."""
+        probs = torch.softmax(logits[..., : self.vocab_size].float() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            sorted_p = sorted_p * ((sorted_p.cumsum(-1) - sorted_p) < self.top_p)  # keeps at least the top token
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+            probs = probs / probs.sum(-1, keepdim=True)
+        return probs
+
+    def sample(self, probs: torch.Tensor) -> torch.Tensor:
+        return torch.multinomial(probs, 1, generator=self.generator).view(-1)
+
+    def pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One token per row, and the distribution it was drawn from (None when greedy)."""
+        if self.greedy:
+            return logits[..., : self.vocab_size].argmax(-1), None
+        probs = self.probs(logits)
+        return self.sample(probs), probs
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _logits(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
+    """Runs `ids` (1-D) through the model on top of its cache; (len or 1, V) logits."""
+    out = model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+    return out.logits[0]
+
+
+def _prefill(model, ids: torch.Tensor, cache, stats: Stats) -> torch.Tensor:
+    """Puts all but the last prompt token in the cache; returns the last one, still to be run."""
+    if len(ids) > 1:
+        _logits(model, ids[:-1], cache, last_only=True)
+        stats.target_passes += 1
+    return ids[-1:]
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    """Waits for queued GPU work, so a timing covers it; a no-op on the CPU."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _as_ids(input_ids, device: torch.device) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device).view(-1)
+    if len(ids) == 0:
+        raise ValueError("the prompt has no tokens")
+    return ids
+
+
+def _vocab_size(models: Iterable, vocab_size: int | None) -> int:
+    sizes = [m.config.get_text_config().vocab_size for m in models]
+    if vocab_size is not None and vocab_size > min(sizes):
+        raise ValueError(f"vocab_size {vocab_size} exceeds a model's embedding ({min(sizes)})")
+    return vocab_size or min(sizes)
+
+
+def _finish(tokens: list[int], new: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:
+    """Cuts the new tokens at the length limit and after the first eos; says whether generation is done."""
+    new = new[: max_new_tokens - len(tokens)]
+    for i, token in enumerate(new):
+        if token in eos:
+            return new[: i + 1], True
+    return new, len(tokens) + len(new) >= max_new_tokens
+
+
+@torch.inference_mode()
+def generate_plain(
+    model,
+    input_ids,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_ids: Iterable[int] = (),
+    vocab_size: int | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """The target alone, one token per forward pass, with a KV cache: the reference speculation must match."""
+    device = model.device
+    ids = _as_ids(input_ids, device)
+    sampler = Sampler(temperature, top_p, seed, device, _vocab_size([model], vocab_size))
+    stats, eos, tokens = Stats(), set(eos_ids), []
+    start = time.perf_counter()
+    cache = _new_cache(model)
+    last = _prefill(model, ids, cache, stats)
+    done = max_new_tokens <= 0
+    while not done:
+        last, _ = sampler.pick(_logits(model, last, cache, last_only=True))
+        stats.target_passes += 1
+        new, done = _finish(tokens, last.tolist(), max_new_tokens, eos)
+        tokens += new
+        if on_tokens:
+            on_tokens(new)
+    stats.new_tokens, stats.elapsed_s = len(tokens), time.perf_counter() - start
+    return GenerationResult(tokens, stats)
+
+
+def _draft(draft, cache, pending: torch.Tensor, k: int, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k draft tokens, one draft step each (the first step also runs `pending`); their distributions q."""
+    tokens, dists = [], []
+    step_input = pending
+    for _ in range(k):
+        token, q = sampler.pick(_logits(draft, step_input, cache, last_only=True))
+        tokens.append(token)
+        dists.append(q)
+        step_input = token
+    drafts = torch.cat(tokens) if tokens else pending.new_empty(0)
+    return drafts, (torch.cat(dists) if dists and not sampler.greedy else None)
+
+
+def _verify_greedy(
+    logits: torch.Tensor, drafts: torch.Tensor, q: None, sampler: Sampler
+) -> tuple[int, torch.Tensor, list[int]]:
+    """Accepts drafts while they equal the target's argmax; the next token is the target's argmax after them.
+
+    Returns n accepted, the next token (a 1-element tensor) and the new tokens: n drafts and the next one."""
+    k = len(drafts)
+    choice = logits[:, : sampler.vocab_size].argmax(-1)  # (k + 1,)
+    both = torch.cat([choice, drafts]).tolist()  # the one device sync of the iteration
+    target, drafted = both[: k + 1], both[k + 1 :]
+    n = 0
+    while n < k and drafted[n] == target[n]:
+        n += 1
+    return n, choice[n : n + 1], drafted[:n] + [target[n]]
+
+
+def _verify_sampled(
+    logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, sampler: Sampler
+) -> tuple[int, torch.Tensor, list[int]]:
+    """Rejection sampling: accept draft i with min(1, p_i/q_i); at the first rejection resample from
+    max(p - q, 0) normalised; after k acceptances take a bonus token from p_{k+1}. Lossless."""
+    k = len(drafts)
+    p = sampler.probs(logits)  # (k + 1, V)
+    rows = p
+    accept = drafts.new_empty(0)
+    if k:
+        position = torch.arange(k, device=drafts.device)
+        p_draft, q_draft = p[position, drafts], q[position, drafts]
+        uniform = torch.rand(k, generator=sampler.generator, device=p.device)
+        accept = (uniform * q_draft < p_draft).long()  # u < p/q without dividing by q
+        residual = (p[:k] - q).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p[:k])  # p == q: nothing to correct
+        rows = torch.cat([residual, p[k:]])
+    # Row i is where the next token comes from when exactly i drafts were accepted; draw all, keep one.
+    candidates = sampler.sample(rows)
+    flat = torch.cat([accept, candidates, drafts]).tolist()  # the one device sync of the iteration
+    accepted, drafted = flat[:k], flat[2 * k + 1 :]
+    n = 0
+    while n < k and accepted[n]:
+        n += 1
+    return n, candidates[n : n + 1], drafted[:n] + [flat[k + n]]
+
+
+def _adapt(k: int, drafted: int, n: int, max_k: int) -> int:
+    """Longer drafts after a fully accepted one, shorter after an early rejection."""
+    if n == drafted:
+        return min(k + 1, max_k)
+    if n < drafted // 2:
+        return max(k - 1, 1)
+    return k
+
+
+def _guard(stats: Stats, max_k: int, min_acceptance: float, below: int) -> tuple[int, str | None]:
+    """Predicts the speed-up from what was measured; a reason to fall back once it stays below 1."""
+    if stats.speculative_iterations < WARMUP_ITERATIONS or stats.cost_ratio is None or stats.verify_cost_ratio is None:
+        return below, None
+    acceptance, cost, verify = stats.acceptance, stats.cost_ratio, stats.verify_cost_ratio
+    speedup, _k = best_predicted_speedup(acceptance, cost, verify, max_k)
+    stats.predicted_speedup = speedup
+    rate = stats.acceptance_rate or 0.0
+    if speedup >= 1.0 and rate >= min_acceptance:
+        return 0, None
+    if below + 1 < PATIENCE:
+        return below + 1, None
+    if speedup < 1.0:
+        reason = f"predicted speed-up {speedup:.2f} < 1 (acceptance {acceptance:.2f}, cost ratio {cost:.2f})"
+    else:
+        reason = f"acceptance rate {rate:.2f} < min_acceptance {min_acceptance:g}"
+    return below + 1, reason
+
+
+@torch.inference_mode()
+def generate_speculative(
+    target,
+    draft,
+    input_ids,
+    max_new_tokens: int,
+    *,
+    draft_tokens: int = 5,
+    adaptive: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_ids: Iterable[int] = (),
+    min_acceptance: float = 0.0,
+    guard: bool = True,
+    vocab_size: int | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """Speculative decoding of `target` with `draft`; the output is distributed exactly as the target's.
+
+    draft_tokens: the first draft length k (adaptive: kept within 1..2*draft_tokens). guard: after a
+    warm-up, fall back to plain decoding for the rest when the predicted speed-up stays below 1 (or the
+    acceptance rate below `min_acceptance`), recorded in stats.fallback. vocab_size: compare the
+    models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens.
+    """
+    device = target.device
+    ids = _as_ids(input_ids, device)
+    sampler = Sampler(temperature, top_p, seed, device, _vocab_size([target, draft], vocab_size))
+    verify = _verify_greedy if sampler.greedy else _verify_sampled
+    sync, eos, stats, tokens = _synchronizer(device), set(eos_ids), Stats(), []
+    k, max_k, below = max(draft_tokens, 1), 2 * max(draft_tokens, 1), 0
+    start = time.perf_counter()
+    target_cache, draft_cache = _new_cache(target), _new_cache(draft)
+    last = _prefill(target, ids, target_cache, stats)
+    pending = ids  # the draft's prefill comes with its first step
+    done = max_new_tokens <= 0
+    while not done:
+        probe = guard and stats.speculative_iterations >= 1 and stats.steps_timed < PROBE_STEPS
+        kk = 0 if (stats.fallback or probe) else min(k, max_new_tokens - len(tokens) - 1)
+        t0 = time.perf_counter()
+        drafts, q = _draft(draft, draft_cache, pending, kk, sampler)
+        sync()
+        t1 = time.perf_counter()
+        n, next_token, new = verify(_logits(target, torch.cat([last, drafts]), target_cache, False), drafts, q, sampler)
+        t2 = time.perf_counter()
+        stats.target_passes += 1
+        if kk:
+            stats.record_verify(kk, n)
+            stats.draft_passes += kk
+            if len(pending) <= 2:  # a step that also prefilled the prompt is not a draft step's cost
+                stats.draft_time_s += t1 - t0
+                stats.draft_steps_timed += kk
+            stats.verify_time_s += t2 - t1
+            stats.verifies_timed += 1
+            if n < kk:  # roll both caches back to the accepted prefix
+                target_cache.crop(-(kk - n))
+                if kk - 1 - n:
+                    draft_cache.crop(-(kk - 1 - n))
+                pending = next_token
+            else:  # all accepted: the draft has not run its own last token yet
+                pending = torch.cat([drafts[-1:], next_token])
+        elif not stats.fallback:
+            stats.step_time_s += t2 - t1
+            stats.steps_timed += 1
+            pending = torch.cat([pending, next_token])
+        last = next_token
+        new, done = _finish(tokens, new, max_new_tokens, eos)
+        tokens += new
+        if on_tokens:
+            on_tokens(new)
+        if kk and adaptive:
+            k = _adapt(k, kk, n, max_k)
+        if kk and guard and not stats.fallback:
+            below, reason = _guard(stats, max_k, min_acceptance, below)
+            if reason:
+                stats.fallback = {"at_token": len(tokens), "reason": reason}
+    stats.new_tokens, stats.elapsed_s, stats.draft_tokens_final = len(tokens), time.perf_counter() - start, k
+    return GenerationResult(tokens, stats)

@@ -1,0 +1,71 @@
+"""Shared fixtures: a temp store, a tiny bundle tree, keys, and the `bundle` CLI run as a real process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bundletree import make_tree  # noqa: E402
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def run_bundle(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, check: bool = False) -> Result:
+    """Run `bundle` in a subprocess, as a user would."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("BUNDLE_TRUSTED_KEYS", "BUNDLE_HOME", "BUNDLE_KEY_PASSWORD")}
+    full_env.update(PYTHONWARNINGS="ignore", **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", "bundler", *args], capture_output=True, text=True, env=full_env, cwd=cwd)
+    result = Result(proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"bundle {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+    return result
+
+
+def tree_digest(root: Path) -> str:
+    """One hash over every path, mode and content under root: 'unchanged' means this is equal."""
+    h = hashlib.sha256()
+    if not root.exists():
+        return "absent"
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        h.update(f"{path.relative_to(root)}|{st.st_mode}|".encode())
+        if path.is_file() and not path.is_symlink():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return make_tree(tmp_path / "ctx")
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture(scope="session")
+def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from bundler.keys import generate_keypair
+
+    return generate_keypair(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture(scope="session")
+def other_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from bundler.keys import generate_keypair
+
+    return generate_keypair(tmp_path_factory.mktemp("other-keys"))
