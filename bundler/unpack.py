@@ -39,6 +39,9 @@ def extract_verified(store: Store, report: VerifyReport, dest: Path, read_only: 
     dest.parent.mkdir(parents=True, exist_ok=True)
     expected: Mapping[str, str] | None = report.claims.files if report.claims else None
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o755 & ~umask)  # mkdtemp makes it 0700; the unpacked tree is an ordinary directory
     count = 0
     try:
         for spec, desc in mk.layers:
