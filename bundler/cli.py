@@ -249,3 +249,52 @@ def unpack(store: Store, ref: str, dest: str, key_paths: tuple[str, ...], allow_
         result = do_unpack(store, parse_ref(ref), Path(dest), _trusted(key_paths), allow_unsigned, progress=tick)
     who = f"signed by {result.report.signer}" if result.report.signer else "UNSIGNED (integrity only)"
     click.echo(f"unpacked {result.files} files to {result.dest} ({who})")
+
+
+def _format_stats(stats: dict[str, Any]) -> str:
+    lines = [
+        f"{stats['new_tokens']} tokens in {stats.get('elapsed_s', 0):.2f} s: {stats['tokens_per_second']:.1f} tokens/s, "
+        f"{stats['target_passes']} target passes",
+        f"acceptance {stats['acceptance_rate']:.2f} ({stats['accepted']}/{stats['drafted']} drafted), mean accepted length {stats['mean_accepted_length']:.2f}",
+    ]
+    per_pos = stats.get("per_position_acceptance")
+    if per_pos:
+        lines.append("per position: " + " ".join(f"{a:.2f}" for a in per_pos))
+    if stats.get("fallback"):
+        fb = stats["fallback"]
+        lines.append(f"fallback to plain decoding at token {fb.get('at_token')}: {fb.get('reason')}")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--prompt", required=True, help="The prompt (the chat template is applied unless --raw).")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0), help="0 is greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
+@click.option("--seed", type=int, help="Seed for sampling (reproducible).")
+@click.option("--raw", is_flag=True, help="Skip the chat template.")
+@click.option("--device", help="cpu or cuda (default: cuda when available).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
+@click.option("--memory-budget", type=click.IntRange(1), help="Bytes the pair may use (default: available memory).")
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@command
+def run(store: Store, ref: str, prompt: str, key_paths: tuple[str, ...], as_json: bool, **options: Any) -> None:
+    """Verify the bundle and the tokenizer match, then decode speculatively (losslessly)."""
+    from bundler.runbundle import run_bundle
+
+    parsed = parse_ref(ref)
+    stream = None if as_json else (lambda text: click.echo(text, nl=False))
+    try:
+        result = run_bundle(store, parsed, _trusted(key_paths), prompt, on_text=stream, **options)
+    except BundleError as err:
+        if as_json:
+            _fail(err, as_json=True, extra={"bundle": {"ref": ref}})
+        raise
+    if as_json:
+        _emit(result)
+    else:
+        click.echo()
+        click.echo(_format_stats(result["stats"]), err=True)

@@ -311,7 +311,11 @@ def _plan(context: Path, rel: str, exclude: Sequence[str]) -> list[_Entry]:
 
     def visit(prefix: str, directory: Path) -> None:
         # filepath.Walk's order: each directory's names sorted bytewise, depth first.
-        for child in sorted(os.listdir(directory), key=os.fsencode):
+        try:
+            children = os.listdir(directory)
+        except OSError as err:
+            raise BundleError("invalid-bundle", f"{prefix or '.'}: cannot list directory ({err.strerror})") from None
+        for child in sorted(children, key=os.fsencode):
             name = f"{prefix}/{child}" if prefix else child
             if (not prefix and child in KITFILE_NAMES) or any(_within(name, e) for e in skip):
                 continue
@@ -457,12 +461,15 @@ class _ContentReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def read(self, size: int | None = -1) -> bytes:
+        n = self.remaining if size is None or size < 0 else min(size, self.remaining)
+        data = self._stream.read(n) if n else b""
+        self.remaining -= n
+        return data
+
     def readinto(self, buf: bytearray | memoryview) -> int:  # type: ignore[override]
         n = min(len(buf), self.remaining)
-        if n:
-            data = self._stream.read(n)
-            memoryview(buf)[:n] = data
-            self.remaining -= n
+        memoryview(buf)[:n] = self.read(n)
         return n
 
 

@@ -342,17 +342,29 @@ class Corpus:
         return ids, torch.cat(rows), torch.cat(cols), torch.cat(vals).float(), torch.cat(idxs)
 
 
-def distill_loss(model, ids, rows, cols, tvals, tidx, ce_weight: float):
-    """KL(teacher top-K renormalised || draft) + ce_weight * CE to the teacher's argmax."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        hidden = model.model(input_ids=ids).last_hidden_state
-    h = hidden[rows, cols].float()  # only positions with teacher data go through the 49152-wide head
-    logits = h @ model.lm_head.weight.float().t()
+def distill_loss(model, ids, rows, cols, tvals, tidx, ce_weight: float, negatives: int = 0):
+    """KL(teacher top-K renormalised || draft) + ce_weight * CE to the teacher's argmax.
+
+    With negatives > 0 the softmax runs over a sampled vocabulary (every teacher top-K token in the
+    batch plus `negatives` uniform random ones) instead of all 49152: the full-vocabulary head and its
+    softmax are ~90% of a training step on this CPU, and the batch's candidates hold nearly all of the
+    teacher's probability mass; the random ones keep pushing the rest of the vocabulary down."""
+    hidden = model.model(input_ids=ids).last_hidden_state
+    h = hidden[rows, cols]  # only positions with teacher data go through the head
+    weight = model.lm_head.weight
+    if negatives > 0:
+        vocab = weight.shape[0]
+        cand = torch.unique(torch.cat([tidx.flatten(), torch.randint(0, vocab, (negatives,))]))
+        logits = h @ weight[cand].t()
+        tpos = torch.searchsorted(cand, tidx)
+    else:
+        logits = h @ weight.t()
+        tpos = tidx
     logq = logits.log_softmax(-1)
     p = tvals.softmax(-1)
-    kl = (p * (p.clamp_min(1e-9).log() - logq.gather(1, tidx))).sum(-1).mean()
-    ce = -logq.gather(1, tidx[:, :1]).mean()
-    agree = (logits.argmax(-1) == tidx[:, 0]).float().mean()
+    kl = (p * (p.clamp_min(1e-9).log() - logq.gather(1, tpos))).sum(-1).mean()
+    ce = -logq.gather(1, tpos[:, :1]).mean()
+    agree = (logits.argmax(-1) == tpos[:, 0]).float().mean()
     return kl + ce_weight * ce, kl.detach(), agree.detach()
 
 
@@ -455,7 +467,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             g["lr"] = args.lr * warm * decay
         ids, rows, cols, tv, ti = corpus.batch(rng, args.tokens, args.chat_frac)
         t1 = time.time()
-        loss, kl, agree = distill_loss(model, ids, rows, cols, tv, ti, args.ce_weight)
+        loss, kl, agree = distill_loss(model, ids, rows, cols, tv, ti, args.ce_weight, args.negatives)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -520,6 +532,8 @@ def main() -> int:
     t.add_argument("--tokens", type=int, default=3072, help="tokens per batch")
     t.add_argument("--chat-frac", type=float, default=0.7, help="share of sequences drawn from chat shards")
     t.add_argument("--ce-weight", type=float, default=0.2)
+    t.add_argument("--negatives", type=int, default=4096,
+                   help="sampled-softmax negatives per step (0: full 49152-token softmax)")
     t.add_argument("--k", type=int, default=4, help="draft length for the simulated loop")
     t.add_argument("--eval-minutes", type=float, default=5)
     t.add_argument("--ckpt-minutes", type=float, default=3)

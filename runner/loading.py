@@ -61,7 +61,9 @@ def load_model(
     LOADS += 1
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # stderr is for the one error line
     model_dir = Path(model_dir)
     check_weight_files(model_dir, role)
     dt = torch_dtype(dtype)
@@ -84,7 +86,12 @@ def load_model(
         state_dict: dict = {}
         for path in safetensors_files(model_dir):
             state_dict.update(load_safetensors(_read_verified(path, expected_sha256, path.name)))
-        model = AutoModelForCausalLM.from_pretrained(
-            None, config=config, state_dict=state_dict, dtype=dt, trust_remote_code=False
-        )
+        # Built from the config and filled from the hashed bytes: from_pretrained would reopen the files.
+        model = AutoModelForCausalLM.from_config(config, dtype=dt, trust_remote_code=False)
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise BundleError("invalid-bundle", f"{model_dir}: weights do not fit the config (missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        model.tie_weights()
+        model = model.to(dt)
     return model.to(device).eval()

@@ -23,7 +23,14 @@ FAMILY_ALIASES = {
     "llama4_text": "llama4",
     "phi3small": "phi3",
 }
-GIB = 1024**3
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
 
 
 def model_family(model_type: str) -> str:
@@ -91,7 +98,7 @@ def check_memory(estimate: Mapping, budget_bytes: int | None, device: str = "cpu
     if estimate["total_bytes"] > limit:
         raise BundleError(
             "memory-budget",
-            f"needs {estimate['total_bytes'] / GIB:.2f} GiB (weights {estimate['weights_bytes'] / GIB:.2f} GiB "
-            f"+ KV cache {estimate['kv_cache_bytes'] / GIB:.2f} GiB for {estimate.get('max_tokens', '?')} tokens) "
-            f"but {limit / GIB:.2f} GiB is {source}",
+            f"needs {human_bytes(estimate['total_bytes'])} (weights {human_bytes(estimate['weights_bytes'])} "
+            f"+ KV cache {human_bytes(estimate['kv_cache_bytes'])} for {estimate.get('max_tokens', '?')} tokens) "
+            f"but {human_bytes(limit)} is {source}",
         )

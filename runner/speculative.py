@@ -160,7 +160,7 @@ def _draft(draft, cache, pending: torch.Tensor, k: int, sampler: Sampler) -> tup
     return drafts, (torch.cat(dists) if dists and not sampler.greedy else None)
 
 
-def _verify_greedy(
+def verify_greedy(
     logits: torch.Tensor, drafts: torch.Tensor, q: None, sampler: Sampler
 ) -> tuple[int, torch.Tensor, list[int]]:
     """Accepts drafts while they equal the target's argmax; the next token is the target's argmax after them.
@@ -176,7 +176,7 @@ def _verify_greedy(
     return n, choice[n : n + 1], drafted[:n] + [target[n]]
 
 
-def _verify_sampled(
+def verify_sampled(
     logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, sampler: Sampler
 ) -> tuple[int, torch.Tensor, list[int]]:
     """Rejection sampling: accept draft i with min(1, p_i/q_i); at the first rejection resample from
@@ -260,7 +260,7 @@ def generate_speculative(
     device = target.device
     ids = _as_ids(input_ids, device)
     sampler = Sampler(temperature, top_p, seed, device, _vocab_size([target, draft], vocab_size))
-    verify = _verify_greedy if sampler.greedy else _verify_sampled
+    verify = verify_greedy if sampler.greedy else verify_sampled
     sync, eos, stats, tokens = _synchronizer(device), set(eos_ids), Stats(), []
     k, max_k, below = max(draft_tokens, 1), 2 * max(draft_tokens, 1), 0
     start = time.perf_counter()

@@ -157,3 +157,14 @@ def make_pair(
         write_tokenizer(paths["draft"], tokenizer)
     paths["kitfile"] = write_kitfile(root, speculative=speculative)
     return paths
+
+
+def truncate_weights_to_header(model_dir: Path) -> None:
+    """Cuts each safetensors file after its header: parameter counts still read, loading would fail.
+
+    Tests use it to prove a refusal came before any weight was loaded.
+    """
+    for path in Path(model_dir).glob("*.safetensors"):
+        data = path.read_bytes()
+        header_end = 8 + int.from_bytes(data[:8], "little")
+        path.write_bytes(data[:header_end])

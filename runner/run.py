@@ -1,0 +1,180 @@
+"""Runs an unpacked, verified bundle: every check that needs no weights first, then load, then decode.
+
+Order: pickle-weights refusal, tokenizer gate, config agreement, pairing, then (with the prompt's
+length known) the memory preflight. Only when all pass are weights read. The caller (bundle run) verifies the bundle before calling `run_unpacked`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from bundler.errors import BundleError
+from runner.loading import check_weight_files, load_model
+from runner.modelinfo import estimate_memory, read_config
+from runner.pairing import check_memory, check_pairing
+from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
+
+
+def _resolve_device(device: str | None) -> str:
+    import torch
+
+    if device:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BundleError("usage", f"--device {device}: CUDA is not available here")
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
+    """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
+    if not raw and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+    else:
+        ids = tokenizer(prompt)
+    if isinstance(ids, Mapping) or hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def _eos_ids(tokenizer, model_dir: Path) -> set[int]:
+    """Stop tokens: the tokenizer's eos plus the eos ids of the target's config and generation config."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for config in (read_config(model_dir), _read_json(model_dir / "generation_config.json")):
+        value = config.get("eos_token_id")
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return ids
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class _TextStream:
+    """Turns new token ids into new text, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer, on_text: Callable[[str], None]):
+        self.tokenizer, self.on_text, self.tokens, self.shown = tokenizer, on_text, [], 0
+
+    def __call__(self, new: list[int]) -> None:
+        self.tokens += new
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        if len(text) > self.shown:
+            self.on_text(text[self.shown :])
+        self.shown = len(text)
+
+
+def _verified_digests(verified_files: Mapping[str, str] | None, role_path: str) -> dict[str, str] | None:
+    """The verified sha256 of each file directly in a role's directory, keyed by file name."""
+    if verified_files is None:
+        return None
+    prefix = role_path.strip("/") + "/"
+    return {p[len(prefix) :]: d for p, d in verified_files.items() if p.startswith(prefix) and "/" not in p[len(prefix) :]}
+
+
+def preflight(root: Path, roles: Mapping[str, str], params: Mapping) -> dict:
+    """The checks that read no weights, but memory: pickle weights, tokenizer gate, config agreement, pairing.
+
+    Returns {"dirs", "tokenizer_dir", "fingerprint", "pairing"}; raises BundleError on the first failure.
+    """
+    for needed in ("target", "draft"):
+        if needed not in roles:
+            raise BundleError("invalid-bundle", f"the Kitfile names no {needed} role")
+    dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft", "tokenizer")}
+    for role, directory in dirs.items():
+        if not directory.is_dir():
+            raise BundleError("invalid-bundle", f"the {role} directory {roles[role]} is missing")
+    for role in ("target", "draft"):
+        check_weight_files(dirs[role], role)
+    fingerprint = check_tokenizers(dirs)
+    tokenizer_dir = dirs.get("tokenizer") or next(d for d in dirs.values() if has_tokenizer_files(d))
+    for role in ("target", "draft"):
+        check_config_agrees(dirs[role], tokenizer_dir, role)
+    pairing = check_pairing(dirs["target"], dirs["draft"], params)
+    return {"dirs": dirs, "tokenizer_dir": tokenizer_dir, "fingerprint": fingerprint, "pairing": pairing}
+
+
+def run_unpacked(
+    root: Path,
+    roles: Mapping[str, str],
+    params: Mapping,
+    prompt: str,
+    *,
+    max_new_tokens: int = 128,
+    draft_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    raw: bool = False,
+    device: str | None = None,
+    dtype: str | None = None,
+    memory_budget: int | None = None,
+    verified_files: Mapping[str, str] | None = None,
+    on_text: Callable[[str], None] | None = None,
+) -> dict:
+    """Checks, loads and runs the pair unpacked at `root`; the `run --json` fields this part knows.
+
+    roles: role -> directory relative to root (target, draft, tokenizer). params: the Kitfile's
+    model.parameters["speculative"] (draft_tokens, min_acceptance, min_size_ratio, allow_cross_family,
+    adaptive, guard, dtype). verified_files: path relative to root -> sha256 from the verified signature;
+    when given, weights and configs are hashed as they are loaded. Returns {"tokenizer": {"fingerprint"},
+    "text", "tokens", "stats", "device", "dtype", "pairing", "memory"}.
+    """
+    from transformers import AutoTokenizer
+
+    from runner.speculative import generate_speculative
+
+    device = _resolve_device(device)
+    dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
+    draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
+    checked = preflight(root, roles, params)
+    dirs = checked["dirs"]
+    tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
+    prompt_ids = _prompt_ids(tokenizer, prompt, raw)
+    max_tokens = len(prompt_ids) + max_new_tokens + 2 * draft_tokens + 1  # a verify pass may look past the end
+    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens)
+    check_memory(memory, memory_budget, device)
+    target = load_model(dirs["target"], dtype, device, role="target",
+                        expected_sha256=_verified_digests(verified_files, roles["target"]))
+    draft = load_model(dirs["draft"], dtype, device, role="draft",
+                       expected_sha256=_verified_digests(verified_files, roles["draft"]))
+    stream = _TextStream(tokenizer, on_text) if on_text else None
+    result = generate_speculative(
+        target,
+        draft,
+        prompt_ids,
+        max_new_tokens,
+        draft_tokens=draft_tokens,
+        adaptive=bool(params.get("adaptive", True)),
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        eos_ids=_eos_ids(tokenizer, dirs["target"]),
+        min_acceptance=float(params.get("min_acceptance", 0.0)),
+        guard=bool(params.get("guard", True)),
+        vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
+        on_tokens=stream,
+    )
+    return {
+        "tokenizer": {"fingerprint": checked["fingerprint"]},
+        "text": tokenizer.decode(result.tokens, skip_special_tokens=True),
+        "tokens": result.tokens,
+        "stats": result.stats.as_dict(),
+        "device": device,
+        "dtype": dtype,
+        "prompt_tokens": len(prompt_ids),
+        "pairing": checked["pairing"],
+        "memory": {k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "total_bytes")},
+    }

@@ -1,0 +1,195 @@
+"""The speculative decoder: greedy identical to the target alone, sampling lossless, the guard falls back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner.metrics import predicted_speedup
+from runner.speculative import Sampler, generate_plain, generate_speculative, verify_sampled
+from tests.tinymodels import layer_skip_draft, tiny_llama
+
+torch.set_num_threads(1)
+V = 320
+
+
+def total_variation(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    return 0.5 * (counts / counts.sum() - probs).abs().sum().item()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(V, seed=0, hidden=64, layers=2, init_std=0.1)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    """A draft that agrees now and then (the target's first layer) and one that disagrees almost always."""
+    return {
+        "layer-skip": layer_skip_draft(target, 1),
+        "random": tiny_llama(V, seed=7, hidden=16, layers=1, heads=2, kv_heads=1, init_std=0.1),
+    }
+
+
+def prompts(n: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randint(3, V, (1 + i % 6,), generator=g) for i in range(n)]
+
+
+def test_greedy_speculative_equals_greedy_target_for_many_prompts_and_draft_lengths(target, drafts):
+    acceptance = {}
+    for prompt in prompts(6):
+        expected = generate_plain(target, prompt, 24).tokens
+        for name, draft in drafts.items():
+            for k in (1, 2, 4, 7):
+                result = generate_speculative(target, draft, prompt, 24, draft_tokens=k, adaptive=False, guard=False)
+                assert result.tokens == expected, (name, k, prompt.tolist())
+                acceptance.setdefault(name, []).append(result.stats.acceptance_rate)
+            adaptive = generate_speculative(target, draft, prompt, 24, draft_tokens=3, guard=False)
+            assert adaptive.tokens == expected
+    # Both accept and reject paths ran: the layer-skip draft is right sometimes, the random one seldom.
+    assert 0.1 < sum(acceptance["layer-skip"]) / len(acceptance["layer-skip"]) < 0.9
+    assert sum(acceptance["random"]) / len(acceptance["random"]) < 0.1
+
+
+def test_greedy_stops_at_eos_accepted_inside_a_draft(target):
+    prompt = prompts(1)[0]
+    reference = generate_plain(target, prompt, 30).tokens
+    eos = next(t for i, t in enumerate(reference) if i >= 5 and t not in reference[:i])
+    expected = reference[: reference.index(eos) + 1]
+    same_model_draft = layer_skip_draft(target, 2)  # agrees on every token: eos comes mid-draft
+    result = generate_speculative(
+        target, same_model_draft, prompt, 30, draft_tokens=7, adaptive=False, guard=False, eos_ids=[eos]
+    )
+    assert result.tokens == expected
+    assert generate_plain(target, prompt, 30, eos_ids=[eos]).tokens == expected
+    assert result.stats.accepted > len(expected)  # the draft ran past the eos; the output stopped at it
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 6, 11])
+def test_output_has_exactly_max_new_tokens(target, drafts, max_new_tokens):
+    prompt = prompts(2)[1]
+    expected = generate_plain(target, prompt, max_new_tokens).tokens
+    for draft in (drafts["layer-skip"], layer_skip_draft(target, 2)):
+        result = generate_speculative(target, draft, prompt, max_new_tokens, draft_tokens=4, guard=False)
+        assert result.tokens == expected
+        assert result.stats.new_tokens == len(expected) == max_new_tokens
+
+
+def test_target_embedding_padded_past_the_vocabulary_is_compared_on_the_vocabulary(target):
+    padded = tiny_llama(V + 64, seed=3, hidden=64, layers=2, init_std=0.1)
+    with torch.no_grad():  # make the padding rows win every argmax, unless logits are cut to the vocabulary
+        padded.lm_head.weight[V:] = padded.model.norm.weight.sign() * 5.0
+    draft = layer_skip_draft(padded, 1)
+    draft_small = tiny_llama(V, seed=4, hidden=16, layers=1, heads=2, kv_heads=1, init_std=0.1)
+    prompt = prompts(3)[2]
+    assert max(generate_plain(padded, prompt, 8).tokens) >= V  # the rows really would be picked
+    expected = generate_plain(padded, prompt, 20, vocab_size=V).tokens
+    assert max(expected) < V
+    assert generate_speculative(padded, draft_small, prompt, 20, guard=False).tokens == expected  # smaller embedding
+    assert generate_speculative(padded, draft, prompt, 20, guard=False, vocab_size=V).tokens == expected
+
+
+def test_acceptance_step_emits_tokens_distributed_as_the_target_whatever_the_draft():
+    """Accept with min(1, p/q), else resample from max(p - q, 0): the first token follows p_1 and, once
+    the first draft is accepted, the second follows p_2. 20000 trials; tolerance 0.02 total variation
+    (sampling noise is about 0.006 here)."""
+    torch.manual_seed(0)
+    vocab, k, trials = 8, 3, 20000
+    target_logits = torch.randn(k + 1, vocab) * 1.5
+    draft_logits = torch.randn(k, vocab) * 1.5
+    sampler = Sampler(1.0, 1.0, seed=11, device=torch.device("cpu"), vocab_size=vocab)
+    p, q = sampler.probs(target_logits), sampler.probs(draft_logits)
+    assert 0.5 * (p[:k] - q).abs().sum(-1).min() > 0.2  # the draft is far from the target
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
+    for _ in range(trials):
+        drafts = sampler.sample(q)
+        n, _next, new = verify_sampled(target_logits, drafts, q, sampler)
+        first[new[0]] += 1
+        if n >= 1:
+            second[new[1]] += 1
+    assert total_variation(first, p[0]) < 0.02
+    assert second.sum() > trials / 4
+    assert total_variation(second, p[1]) < 0.03
+
+
+def test_sampled_tokens_follow_the_target_distribution_end_to_end():
+    """1500 seeded runs, 3 tokens each, k=2: each of the first three tokens' marginal matches the target's
+    own softmax within 0.08 total variation (sampling noise is about 0.03), while the draft's first-token
+    distribution is more than 0.3 away from the target's."""
+    vocab, runs = 16, 1500
+    shape = dict(hidden=16, layers=1, heads=2, kv_heads=1, init_std=0.3)
+    target, draft = tiny_llama(vocab, seed=0, **shape), tiny_llama(vocab, seed=1, **shape)
+    prompt = torch.tensor([3, 5, 7])
+    counts = torch.zeros(3, vocab)
+    for seed in range(runs):
+        tokens = generate_speculative(
+            target, draft, prompt, 3, draft_tokens=2, adaptive=False, guard=False, temperature=1.0, seed=seed
+        ).tokens
+        for position, token in enumerate(tokens):
+            counts[position, token] += 1
+    with torch.no_grad():  # exact marginals: sum over every prefix of the target's own probabilities
+        p1 = torch.softmax(target(prompt[None]).logits[0, -1], -1)
+        q1 = torch.softmax(draft(prompt[None]).logits[0, -1], -1)
+        firsts = torch.arange(vocab)[:, None]
+        seqs1 = torch.cat([prompt.expand(vocab, -1), firsts], 1)
+        p2_given = torch.softmax(target(seqs1).logits[:, -1], -1)  # (t1, t2)
+        seqs2 = torch.cat([seqs1.repeat_interleave(vocab, 0), firsts.repeat(vocab, 1)], 1)
+        p3_given = torch.softmax(target(seqs2).logits[:, -1], -1).view(vocab, vocab, vocab)
+    joint2 = p1[:, None] * p2_given
+    p2, p3 = joint2.sum(0), (joint2[:, :, None] * p3_given).sum((0, 1))
+    assert 0.5 * (p1 - q1).abs().sum() > 0.3
+    for position, exact in enumerate((p1, p2, p3)):
+        assert total_variation(counts[position], exact) < 0.08, position
+
+
+def test_seeded_sampling_is_reproducible(target, drafts):
+    prompt = prompts(1)[0]
+    run = lambda seed: generate_speculative(  # noqa: E731
+        target, drafts["layer-skip"], prompt, 20, temperature=0.8, top_p=0.9, seed=seed
+    ).tokens
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_guard_falls_back_from_a_draft_that_never_agrees_and_output_stays_the_targets(target):
+    never = tiny_llama(V, seed=9, hidden=16, layers=1, heads=2, kv_heads=1, init_std=0.1)
+    with torch.no_grad():
+        never.model.norm.weight.zero_()  # all logits 0: the draft always proposes token 0
+    prompt = prompts(2)[0]
+    expected = generate_plain(target, prompt, 60).tokens
+    assert 0 not in expected
+    result = generate_speculative(target, never, prompt, 60, draft_tokens=4)
+    assert result.tokens == expected
+    assert result.stats.accepted == 0
+    fallback = result.stats.fallback
+    assert fallback is not None and fallback["reason"].startswith("predicted speed-up")
+    assert 0 < fallback["at_token"] < 30
+    assert result.stats.speculative_iterations < 10  # nothing was drafted after the fallback
+
+
+def test_guard_falls_back_when_acceptance_is_below_the_kitfile_minimum(target, drafts):
+    prompt = prompts(2)[0]
+    result = generate_speculative(target, drafts["random"], prompt, 40, min_acceptance=0.99)
+    assert result.tokens == generate_plain(target, prompt, 40).tokens
+    assert result.stats.fallback is not None
+
+
+def test_predicted_speedup_is_leviathans_formula():
+    # (1 - 0.8^5) / ((1 - 0.8) * (4 * 0.1 + 1)) = 0.67232 / 0.28
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx(2.4011, abs=1e-4)
+    assert predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
+    assert predicted_speedup(0.0, 1, 0.3, 1.2) == pytest.approx(1 / 1.5)
+
+
+def test_stats_count_what_happened(target, drafts):
+    prompt = prompts(3)[1]
+    stats = generate_speculative(target, drafts["layer-skip"], prompt, 30, draft_tokens=3, guard=False).stats
+    assert stats.new_tokens == 30
+    assert stats.accepted <= stats.drafted == stats.draft_passes
+    assert stats.acceptance_rate == pytest.approx(stats.accepted / stats.drafted)
+    # Every verify pass yields its accepted drafts plus one token of the target's own.
+    assert stats.accepted + stats.speculative_iterations >= stats.new_tokens
+    assert stats.target_passes == stats.speculative_iterations + 1  # + the prompt's prefill
+    assert stats.per_position_acceptance[0] >= stats.per_position_acceptance[-1]
+    assert stats.tokens_per_second > 0
