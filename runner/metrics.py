@@ -42,6 +42,7 @@ class Stats:
     rejections: int = 0  # speculative iterations that ended on a rejected draft token
     speculative_iterations: int = 0  # target verify passes over >= 1 draft token
     target_passes: int = 0  # every target forward: prefill, verify passes, single steps
+    plain_steps: int = 0  # single-token target steps: guard probes, the last token, after a fallback
     draft_passes: int = 0
     drafted_at: list[int] = field(default_factory=list)  # per draft position (1-based in the output)
     accepted_at: list[int] = field(default_factory=list)
@@ -119,6 +120,7 @@ class Stats:
             "fallback": self.fallback,
             "per_position_acceptance": self.per_position_acceptance,
             "draft_passes": self.draft_passes,
+            "plain_steps": self.plain_steps,
             "speculative_iterations": self.speculative_iterations,
             "elapsed_s": self.elapsed_s,
             "cost_ratio": self.cost_ratio,

@@ -275,7 +275,8 @@ def generate_speculative(
         drafts, q = _draft(draft, draft_cache, pending, kk, sampler)
         sync()
         t1 = time.perf_counter()
-        n, next_token, new = verify(_logits(target, torch.cat([last, drafts]), target_cache, False), drafts, q, sampler)
+        logits = _logits(target, torch.cat([last, drafts]), target_cache, last_only=False)
+        n, last, new = verify(logits, drafts, q, sampler)
         t2 = time.perf_counter()
         stats.target_passes += 1
         if kk:
@@ -290,14 +291,15 @@ def generate_speculative(
                 target_cache.crop(-(kk - n))
                 if kk - 1 - n:
                     draft_cache.crop(-(kk - 1 - n))
-                pending = next_token
+                pending = last
             else:  # all accepted: the draft has not run its own last token yet
-                pending = torch.cat([drafts[-1:], next_token])
-        elif not stats.fallback:
-            stats.step_time_s += t2 - t1
-            stats.steps_timed += 1
-            pending = torch.cat([pending, next_token])
-        last = next_token
+                pending = torch.cat([drafts[-1:], last])
+        else:  # one target step: a guard probe, the last token, or plain decoding after a fallback
+            stats.plain_steps += 1
+            if not stats.fallback:
+                stats.step_time_s += t2 - t1
+                stats.steps_timed += 1
+                pending = torch.cat([pending, last])
         new, done = _finish(tokens, new, max_new_tokens, eos)
         tokens += new
         if on_tokens:
