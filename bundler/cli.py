@@ -298,3 +298,54 @@ def run(store: Store, ref: str, prompt: str, key_paths: tuple[str, ...], as_json
     else:
         click.echo()
         click.echo(_format_stats(result["stats"]), err=True)
+
+
+def _read_prompts(path: str) -> list[str]:
+    prompts = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(str(json.loads(line)["prompt"]))
+        except (ValueError, KeyError, TypeError):
+            raise BundleError("usage", f"{path}:{n}: expected a JSON line {{\"prompt\": ...}}") from None
+    if not prompts:
+        raise BundleError("usage", f"{path} holds no prompts")
+    return prompts
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--prompts", "prompts_file", default="benchmarks/prompts.jsonl", show_default=True, type=click.Path(exists=True, dir_okay=False), help="JSON lines {\"prompt\": ...}.")
+@click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--draft-tokens", type=click.IntRange(1, 64), help="Default: the bundle's.")
+@click.option("--device", help="cpu or cuda (default: cuda when available).")
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@command
+def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_paths: tuple[str, ...], as_json: bool, **options: Any) -> None:
+    """Target alone, transformers' assisted generation and `bundle run`: same pair, same prompts, one process."""
+    from bundler.runbundle import bench_bundle
+
+    prompts = _read_prompts(prompts_file)[:limit]
+    say = None if as_json else (lambda msg: click.echo(f"… {msg}", err=True))
+    result = bench_bundle(store, parse_ref(ref), _trusted(key_paths), prompts, progress=say, **options)
+    if as_json:
+        _emit(result)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("run", "tokens/s", "new tokens", "seconds")
+    for name, run in result["runs"].items():
+        table.add_row(name, f"{run['tokens_per_second']:.1f}", str(run["new_tokens"]), f"{run['seconds']:.2f}")
+    console = Console()
+    console.print(table)
+    for key in ("speedup_vs_target", "speedup_vs_hf_assisted", "speedup_vs_fastest_plain", "acceptance_rate", "per_token_acceptance",
+                "mean_accepted_length", "cost_ratio", "verify_cost_ratio", "theoretical_speedup", "efficiency", "break_even_acceptance", "identical_output"):
+        console.print(f"{key:<26} {result[key]}")
+    for d in result["differences"]:
+        console.print(f"prompt {d['prompt']}: differs from the target alone at token {d['position']} (tie: {d['tie']}, gap {d['gap']})")
+    for f in result["fallbacks"]:
+        console.print(f"prompt {f['prompt']}: fell back at token {f['at_token']}: {f['reason']}")

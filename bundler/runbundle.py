@@ -50,3 +50,24 @@ def run_bundle(
                 if path.is_dir():
                     path.chmod(0o755)  # so the temp dir can be removed
     return {"ok": True, "bundle": {"ref": str(ref), "digest": mk.digest, "signer": report.signer}, **result, "error": None}
+
+
+def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: list[str], **options: Any) -> dict[str, Any]:
+    """Verify, extract, then benchmark the pair (runner.bench) on `prompts`."""
+    from runner.bench import bench_unpacked
+
+    report = verify_bundle(store, ref, trusted)
+    report.raise_for_error()
+    mk = report.modelkit
+    assert mk is not None and report.claims is not None
+    with tempfile.TemporaryDirectory(prefix="specbundle-bench-") as tmp:
+        root = Path(tmp) / "bundle"
+        extract_verified(store, report, root, read_only=True)
+        try:
+            result = bench_unpacked(root, mk.kitfile.role_paths(), runner_params(mk.kitfile.parameters), prompts,
+                                    verified_files=report.claims.files, **options)
+        finally:
+            for path in [root, *root.rglob("*")]:
+                if path.is_dir():
+                    path.chmod(0o755)
+    return {"bundle": {"ref": str(ref), "digest": mk.digest, "signer": report.signer}, **result}

@@ -1,0 +1,638 @@
+"""Push and pull bundles through OCI registries (distribution API v2), signatures included.
+
+Push: HEAD each blob, upload only the missing ones (chunked, resumable), then the manifest bytes exactly
+as the store holds them, then each signature artifact and, where the registry has no referrers API, the
+referrers tag schema fallback (an image index tagged `sha256-<hex>`).
+
+Pull: manifest -> signatures (referrers API, else the fallback tag) -> blobs, each checked against its
+digest while it streams into `.specbundle/downloads` (a partial blob is resumed with Range on the next
+run). The bundle is assembled in a temporary OCI layout and verified there; only a bundle that verifies
+is moved into the store and tagged, under the store lock. Any failure leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import oras.auth
+import oras.auth.utils
+import requests
+
+from bundler import credentials, signature
+from bundler.errors import BundleError
+from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
+from bundler.modelkit import load_modelkit
+from bundler.refs import Ref
+from bundler.sign import find_signatures
+from bundler.store import MAX_JSON_BLOB, Store
+from bundler.verify import ROLLBACK_STATE, verify_bundle, version_key
+
+Progress = Callable[[str, int], None]
+
+CHUNK = 64 << 20  # upload chunk (one PATCH): the unit an interrupted upload loses at most
+READ = 1 << 20  # streaming read size
+WORKERS = 4  # blobs in flight at once (hashlib and socket I/O release the GIL)
+CONNECT_TIMEOUT, READ_TIMEOUT = 10, 300
+SIG_TYPE = signature.SIGSTORE_BUNDLE_MEDIA_TYPE
+MANIFEST_ACCEPT = f"{OCI_MANIFEST}, {OCI_INDEX}"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    ref: str
+    digest: str
+    blobs_uploaded: int
+    blobs_skipped: int
+    bytes_uploaded: int
+    signatures: list[str]  # signature manifest digests pushed
+    referrers: str  # "api" when the registry indexes subjects itself, "tag" when we wrote the fallback index, "" if unsigned
+
+
+@dataclass(frozen=True)
+class PullResult:
+    ref: str
+    digest: str
+    blobs_downloaded: int
+    blobs_reused: int  # already in the store, or completed by an earlier interrupted pull
+    bytes_downloaded: int
+    signer: str | None
+    signatures: list[str] = field(default_factory=list)
+
+
+# transport ---------------------------------------------------------------------------------------
+
+
+def _reason(exc: BaseException) -> str:
+    """The useful end of a requests exception ("[Errno 111] Connection refused"), never a header."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
+    if found:
+        return found.group(0).strip()
+    return type(exc).__name__
+
+
+def _registry_message(resp: requests.Response) -> str:
+    """The first message of an OCI error body, if the registry sent one."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError, IndexError):
+        err = resp.json()["errors"][0]
+        return f": {err.get('code', '')} {err.get('message', '')}".rstrip()
+    return ""
+
+
+class Client:
+    """One repository on one registry: requests with auth challenges answered (Basic or Bearer) and errors as codes.
+
+    The plain HTTP API is spoken with requests: oras 0.2.43 re-serialises manifests (their digest changes),
+    reads whole blobs into memory, retries for a minute on a refused connection, and cannot answer a Basic
+    challenge with its token backend. From oras we take the bearer-token exchange.
+    """
+
+    def __init__(self, ref: Ref, plain_http: bool = False, creds: credentials.Credentials | None = None) -> None:
+        if not ref.registry:
+            raise BundleError("usage", f"{ref} names no registry: use HOST[:PORT]/NAME:TAG (for example 127.0.0.1:5000/org/model:v1)")
+        self.ref = ref
+        self.host = ref.registry
+        self.plain_http = plain_http
+        self.scheme = "http" if plain_http else "https"
+        self.base = f"{self.scheme}://{self.host}/v2/{ref.repository}"
+        self.creds = creds
+        self._auth: str | None = None  # the Authorization value that last worked
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = False  # no proxies or .netrc: the registry named is the one we talk to
+            self._local.session = session
+        return session
+
+    def url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else self.base + path
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        ok: tuple[int, ...] = (200,),
+        headers: Mapping[str, str] | None = None,
+        body: Callable[[], Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        stream: bool = False,
+        not_found_ok: bool = False,
+    ) -> requests.Response:
+        """Send; answer up to two auth challenges; map failures to error codes. `body` makes the data anew per try."""
+        url = self.url(path)
+        for attempt in range(3):
+            hdrs = dict(headers or {})
+            if self._auth:
+                hdrs["Authorization"] = self._auth
+            try:
+                resp = self._session().request(
+                    method, url, headers=hdrs, data=body() if body else None, params=params, stream=stream,
+                    timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), allow_redirects=True,
+                )
+            except requests.exceptions.SSLError as exc:
+                raise BundleError("registry-unreachable", f"TLS to {self.host} failed ({_reason(exc)}); for a plain-HTTP registry on loopback pass --plain-http") from None
+            except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+                raise BundleError("registry-unreachable", f"cannot reach registry {self.host} ({_reason(exc)}) during {what}") from None
+            if resp.status_code == 401 and attempt < 2 and self._answer(resp, what):
+                resp.close()
+                continue
+            break
+        if resp.status_code in ok or (not_found_ok and resp.status_code == 404):
+            return resp
+        self._fail(resp, what)
+        raise AssertionError("unreachable")
+
+    def _fail(self, resp: requests.Response, what: str) -> None:
+        status, detail = resp.status_code, _registry_message(resp)
+        resp.close()
+        if status in (401, 403):
+            hint = (
+                f"credentials from {self.creds.source} were refused"
+                if self.creds
+                else f"no credentials: run `docker login {self.host}` or set {credentials.USER_ENV} and {credentials.PASSWORD_ENV}"
+            )
+            raise BundleError("registry-auth", f"{self.host} denied {what} ({status}{detail}); {hint}")
+        if status == 404:
+            raise BundleError("registry-not-found", f"{what}: not found on {self.host} ({status}{detail})")
+        raise BundleError("registry", f"{self.host} answered {status} to {what}{detail}")
+
+    def _answer(self, resp: requests.Response, what: str) -> bool:
+        """Set the Authorization header a 401 challenge asks for; False when there is nothing new to try."""
+        challenge = resp.headers.get("WWW-Authenticate", "")
+        scheme = challenge.split(" ", 1)[0].lower()
+        with self._lock:
+            if scheme == "basic":
+                if self.creds is None or self._auth == self.creds.basic():
+                    return False
+                self._auth = self.creds.basic()
+                return True
+            if scheme == "bearer":
+                token = self._token(oras.auth.utils.parse_auth_header(challenge), what)
+                if token is None or self._auth == f"Bearer {token}":
+                    return False
+                self._auth = f"Bearer {token}"
+                return True
+        return False
+
+    def _token(self, header: Any, what: str) -> str | None:
+        """A bearer token for the challenge's scope, from its realm (with our credentials if we have any)."""
+        backend = oras.auth.get_auth_backend("token", requests.Session(), insecure=self.plain_http)
+        if self.creds is not None:
+            backend.set_basic_auth(self.creds.username, self.creds.password)
+        try:
+            if self.creds is None:
+                return backend.request_anonymous_token(header)
+            return backend.request_token(header)
+        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+            raise BundleError("registry-unreachable", f"cannot reach the token service of {self.host} ({_reason(exc)}) during {what}") from None
+
+
+def _client(ref: Ref, plain_http: bool) -> Client:
+    return Client(ref, plain_http, credentials.lookup(ref.registry))
+
+
+# push ----------------------------------------------------------------------------------------------
+
+
+class _Chunk:
+    """A byte range of a file as a request body: a length (so requests sends Content-Length) and big reads."""
+
+    def __init__(self, path: Path, start: int, length: int, tick: Callable[[int], None]) -> None:
+        self.path, self.start, self.length, self.tick = path, start, length, tick
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            left = self.length
+            while left > 0:
+                data = f.read(min(READ, left))
+                if not data:
+                    raise BundleError("missing-file", f"{self.path} is shorter than its descriptor")
+                left -= len(data)
+                self.tick(len(data))
+                yield data
+
+
+class _Uploader:
+    """Blob uploads for one push: HEAD first, then POST a session and PATCH in chunks, resumable across runs."""
+
+    def __init__(self, client: Client, store: Store, progress: Progress | None) -> None:
+        self.client, self.store, self.progress = client, store, progress
+        self.sessions = store.private_dir("uploads")
+        self.lock = threading.Lock()
+        self.uploaded = self.skipped = self.bytes = 0
+        self.stop = threading.Event()  # set when one transfer failed: the others stop before their next chunk
+
+    def _session_file(self, digest: str) -> Path:
+        where = hashlib.sha256(f"{self.client.host}/{self.client.ref.repository}".encode()).hexdigest()[:16]
+        return self.sessions / f"{where}-{digest.split(':', 1)[1]}.json"
+
+    def _offset(self, location: str, what: str) -> int | None:
+        """How much of an upload session the registry holds (from its Range header), or None if it is gone."""
+        resp = self.client.request("GET", location, what, ok=(204,), not_found_ok=True)
+        if resp.status_code == 404:
+            return None
+        found = re.match(r"^(?:bytes=)?0-(\d+)$", resp.headers.get("Range", ""))
+        return int(found.group(1)) + 1 if found else 0
+
+    def upload(self, desc: Descriptor, label: str) -> None:
+        what = f"upload of {label}"
+        head = self.client.request("HEAD", f"/blobs/{desc.digest}", what, not_found_ok=True)
+        if head.status_code == 200:
+            with self.lock:
+                self.skipped += 1
+            return
+        path = self.store.blob_path(desc.digest)
+        state = self._session_file(desc.digest)
+        location, offset = None, 0
+        if state.exists():
+            with contextlib.suppress(ValueError, KeyError, BundleError):
+                location = json.loads(state.read_text())["location"]
+                offset = self._offset(location, what)
+                if offset is None or offset > desc.size:
+                    location, offset = None, 0
+        if location is None:
+            resp = self.client.request("POST", "/blobs/uploads/", what, ok=(202,), headers={"Content-Length": "0"})
+            location = urllib.parse.urljoin(resp.url, resp.headers["Location"])
+            state.write_text(json.dumps({"location": location, "digest": desc.digest}))
+        sent = 0
+
+        def tick(n: int) -> None:
+            nonlocal sent
+            sent += n
+            if self.progress:
+                self.progress(label, n)
+
+        # Chunked PATCHes with Content-Range: oras's chunked_upload cannot resume and its put_upload reads the whole blob.
+        while offset < desc.size:
+            if self.stop.is_set():
+                raise BundleError("registry", f"{what}: stopped because another transfer failed")
+            length = min(CHUNK, desc.size - offset)
+            start = offset
+            try:
+                resp = self.client.request(
+                    "PATCH", location, what, ok=(202,),
+                    headers={"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{start + length - 1}"},
+                    body=lambda: _Chunk(path, start, length, tick),
+                )
+            except BundleError as err:
+                if err.code not in ("registry-unreachable", "registry"):
+                    raise
+                # A broken chunk: ask the registry how far it got and go on from there, once.
+                got = self._offset(location, what)
+                if got is None or got <= start:
+                    raise
+                offset = got
+                continue
+            location = urllib.parse.urljoin(resp.url, resp.headers.get("Location", location))
+            state.write_text(json.dumps({"location": location, "digest": desc.digest}))
+            offset = start + length
+        self.client.request("PUT", location, what, ok=(201,), params={"digest": desc.digest}, headers={"Content-Length": "0"})
+        state.unlink(missing_ok=True)
+        with self.lock:
+            self.uploaded += 1
+            self.bytes += sent
+
+
+def _put_manifest(client: Client, reference: str, data: bytes, media_type: str, what: str) -> requests.Response:
+    """PUT manifest bytes as they are (same digest in the registry as in the store)."""
+    resp = client.request("PUT", f"/manifests/{reference}", what, ok=(201,), headers={"Content-Type": media_type}, body=lambda: data)
+    echoed = resp.headers.get("Docker-Content-Digest")
+    if echoed and echoed != sha256_digest(data):
+        raise BundleError("registry", f"{client.host} stored {what} as {echoed}, not {sha256_digest(data)}: it rewrote the manifest")
+    return resp
+
+
+def fallback_tag(digest: str) -> str:
+    """The referrers tag schema: `sha256-<hex>` for subject `sha256:<hex>`."""
+    return digest.replace(":", "-", 1)
+
+
+def _update_fallback_index(client: Client, subject: str, entries: list[dict[str, Any]]) -> None:
+    """Merge our signature descriptors into the `sha256-<hex>` image index (others' entries kept)."""
+    tag = fallback_tag(subject)
+    resp = client.request("GET", f"/manifests/{tag}", "read of the referrers index", headers={"Accept": OCI_INDEX}, not_found_ok=True)
+    index: dict[str, Any] = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+    if resp.status_code == 200:
+        with contextlib.suppress(ValueError):
+            found = resp.json()
+            if isinstance(found, dict) and isinstance(found.get("manifests"), list):
+                index = found
+    known = {m.get("digest") for m in index["manifests"] if isinstance(m, dict)}
+    added = [e for e in entries if e["digest"] not in known]
+    if not added:
+        return
+    index["manifests"] = index["manifests"] + added
+    _put_manifest(client, tag, go_json(index), OCI_INDEX, "write of the referrers index")
+
+
+def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress | None = None) -> PushResult:
+    """Push the bundle the store tags `ref` (HOST/NAME:TAG) with its blobs and signature artifacts."""
+    client = _client(ref, plain_http)
+    mk = load_modelkit(store, ref)
+    manifest_bytes, _ = store.read_json_blob(mk.manifest_desc)
+    blobs: list[tuple[Descriptor, str]] = [(mk.config_desc, "config")]
+    blobs += [(desc, f"{spec.path} {desc.digest[7:19]}") for spec, desc in mk.layers]
+    sigs: list[tuple[Descriptor, bytes, dict[str, Any]]] = []
+    for sig_desc, _ in find_signatures(store, mk.digest):
+        data, sig_manifest = store.read_json_blob(sig_desc)
+        sigs.append((sig_desc, data, sig_manifest))
+        for item in [sig_manifest["config"], *sig_manifest["layers"]]:
+            blobs.append((Descriptor(item["mediaType"], item["digest"], item["size"]), f"signature {item['digest'][7:19]}"))
+    unique = list({d.digest: (d, label) for d, label in blobs}.values())
+    uploader = _Uploader(client, store, progress)
+    _run_all([lambda d=d, label=label: uploader.upload(d, label) for d, label in sorted(unique, key=lambda x: -x[0].size)], uploader.stop)
+    reference = ref.digest or ref.tag or "latest"
+    _put_manifest(client, reference, manifest_bytes, OCI_MANIFEST, f"push of manifest {ref}")
+    mode = ""
+    if sigs:
+        fallback = []
+        for sig_desc, data, sig_manifest in sigs:
+            resp = _put_manifest(client, sig_desc.digest, data, OCI_MANIFEST, f"push of signature {sig_desc.digest[:19]}…")
+            if resp.headers.get("OCI-Subject") != mk.digest:  # the registry does not index subjects: write the fallback
+                fallback.append({**sig_desc.as_dict(), "artifactType": SIG_TYPE, **({"annotations": sig_manifest["annotations"]} if sig_manifest.get("annotations") else {})})
+        if fallback:
+            _update_fallback_index(client, mk.digest, fallback)
+        mode = "tag" if fallback else "api"
+    return PushResult(str(ref), mk.digest, uploader.uploaded, uploader.skipped, uploader.bytes, [s[0].digest for s in sigs], mode)
+
+
+def _run_all(jobs: list[Callable[[], None]], stop: threading.Event) -> None:
+    """Run jobs on a few threads; the first failure sets `stop` and is raised once the others have stopped."""
+    if not jobs:
+        return
+    with ThreadPoolExecutor(max_workers=min(WORKERS, len(jobs))) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        try:
+            for fut in futures:
+                fut.result()
+        except BaseException:
+            stop.set()
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+# pull ----------------------------------------------------------------------------------------------
+
+
+def _get_manifest(client: Client, reference: str, what: str, expect: str | None = None) -> tuple[bytes, str, str]:
+    """(bytes, digest, media type) of a manifest, its digest checked against `expect` (when pulling by digest)."""
+    resp = client.request("GET", f"/manifests/{reference}", what, headers={"Accept": MANIFEST_ACCEPT}, stream=True)
+    with resp:
+        data = resp.raw.read(MAX_JSON_BLOB + 1, decode_content=True)
+    if len(data) > MAX_JSON_BLOB:
+        raise BundleError("registry", f"{what}: the manifest is larger than {MAX_JSON_BLOB} bytes")
+    digest = sha256_digest(data)
+    claimed = resp.headers.get("Docker-Content-Digest")
+    for name, value in (("asked for", expect), ("the registry said", claimed)):
+        if value and value != digest:
+            raise BundleError("digest-mismatch", f"{what}: {name} {value}, the bytes served are {digest}")
+    media_type = (resp.headers.get("Content-Type") or "").split(";")[0].strip()
+    return data, digest, media_type
+
+
+def _descriptor(item: Any, what: str, limit: int | None = None) -> Descriptor:
+    if not isinstance(item, dict) or not isinstance(item.get("digest"), str) or not isinstance(item.get("size"), int) or item["size"] < 0:
+        raise BundleError("invalid-bundle", f"{what}: a descriptor without digest or size")
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", item["digest"]):
+        raise BundleError("invalid-bundle", f"{what}: unsupported digest {item['digest']!r}")
+    if limit is not None and item["size"] > limit:
+        raise BundleError("invalid-bundle", f"{what}: blob {item['digest'][:19]}… claims {item['size']} bytes, more than {limit}")
+    return Descriptor(str(item.get("mediaType", "")), item["digest"], item["size"])
+
+
+def referrers(client: Client, digest: str, artifact_type: str = SIG_TYPE) -> list[Descriptor]:
+    """Manifests whose subject is `digest`: the OCI 1.1 referrers API, else the `sha256-<hex>` fallback tag."""
+    what = f"referrers of {digest[:19]}…"
+    resp = client.request("GET", f"/referrers/{digest}", what, headers={"Accept": OCI_INDEX}, params={"artifactType": artifact_type}, not_found_ok=True)
+    index: Any = None
+    if resp.status_code == 200 and resp.headers.get("Content-Type", "").startswith(OCI_INDEX):
+        index = resp.json()
+    else:  # 404: no referrers API (docker-registry 2.8): the referrers tag schema
+        resp.close()
+        got = client.request("GET", f"/manifests/{fallback_tag(digest)}", what, headers={"Accept": OCI_INDEX}, not_found_ok=True)
+        if got.status_code == 404:
+            return []
+        try:
+            index = got.json()
+        except ValueError:
+            raise BundleError("registry", f"{what}: the fallback tag {fallback_tag(digest)} is not JSON") from None
+    manifests = index.get("manifests") if isinstance(index, dict) else None
+    if not isinstance(manifests, list):
+        raise BundleError("registry", f"{what}: the referrers index lists no manifests")
+    return [_descriptor(m, what, MAX_JSON_BLOB) for m in manifests if isinstance(m, dict) and m.get("artifactType") == artifact_type]
+
+
+class _Downloader:
+    """Blobs into `.specbundle/downloads/<hex>`: digest-checked while streaming, resumed with Range from `<hex>.part`."""
+
+    def __init__(self, client: Client, store: Store, progress: Progress | None) -> None:
+        self.client, self.store, self.progress = client, store, progress
+        self.dir = store.private_dir("downloads")
+        self.lock = threading.Lock()
+        self.downloaded = self.reused = self.bytes = 0
+        self.fetched: list[Path] = []  # cache entries this pull completed or reused: dropped once committed
+        self.stop = threading.Event()  # set when one transfer failed: the others stop at their next read
+
+    def path(self, digest: str) -> Path:
+        return self.dir / digest.split(":", 1)[1]
+
+    def fetch(self, desc: Descriptor, label: str) -> Path:
+        """A local file with the blob's bytes: the store's own copy, a finished download, or a new one."""
+        if self.store.has_blob(desc.digest):
+            with self.lock:
+                self.reused += 1
+            return self.store.blob_path(desc.digest)
+        final = self.path(desc.digest)
+        with self.lock:
+            self.fetched.append(final)
+        if final.exists():
+            with self.lock:
+                self.reused += 1
+            return final
+        part = final.with_name(final.name + ".part")
+        with open(part, "ab+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # another pull of the same blob waits, then finds it done
+            if final.exists():
+                return final
+            got = self._stream(desc, label, f)
+            os.fsync(f.fileno())
+            os.replace(part, final)
+        with self.lock:
+            self.downloaded += 1
+            self.bytes += got
+        return final
+
+    def _stream(self, desc: Descriptor, label: str, f: Any) -> int:
+        """Append the rest of the blob to `f`, hashing everything; raise digest-mismatch if it is not the blob."""
+        what = f"download of {label}"
+        f.seek(0)
+        h = hashlib.sha256()
+        have = 0
+        while data := f.read(READ):
+            h.update(data)
+            have += len(data)
+        if have > desc.size:
+            f.truncate(0)
+            h, have = hashlib.sha256(), 0
+        got = 0
+        if have < desc.size:
+            # Streaming GET with Range and hashing on the fly: oras's download_blob neither resumes nor checks the digest.
+            headers = {"Range": f"bytes={have}-"} if have else {}
+            resp = self.client.request("GET", f"/blobs/{desc.digest}", what, ok=(200, 206), headers=headers, stream=True)
+            with resp:
+                if resp.status_code == 200 and have:  # the registry ignored Range: start over
+                    f.truncate(0)
+                    h, have = hashlib.sha256(), 0
+                f.seek(have)
+                try:
+                    for data in resp.iter_content(READ):
+                        if self.stop.is_set():
+                            raise BundleError("registry", f"{what}: stopped because another transfer failed")
+                        if have + len(data) > desc.size:
+                            raise self._mismatch(f, desc, what, "more bytes than its size")
+                        f.write(data)
+                        h.update(data)
+                        have += len(data)
+                        got += len(data)
+                        if self.progress:
+                            self.progress(label, len(data))
+                except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+                    f.flush()
+                    raise BundleError("registry-unreachable", f"connection to {self.client.host} broke during {what} ({_reason(exc)}); run the pull again to resume") from None
+        f.flush()
+        if have != desc.size or "sha256:" + h.hexdigest() != desc.digest:
+            raise self._mismatch(f, desc, what, f"{have} bytes with digest sha256:{h.hexdigest()[:12]}…")
+        return got
+
+    def _mismatch(self, f: Any, desc: Descriptor, what: str, detail: str) -> BundleError:
+        f.truncate(0)  # never resume from bytes that are known to be wrong
+        return BundleError("digest-mismatch", f"{what} from {self.client.host}: expected {desc.digest[:19]}… ({desc.size} bytes), got {detail}")
+
+
+def _place(src: Path, dst: Path) -> None:
+    """Put a blob at dst by hard link (same filesystem), else by copy."""
+    if dst.exists():
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+
+
+def _merge_versions(mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """Rollback memory after a pull: what the store knew, plus what verifying the pulled bundle recorded."""
+    out = dict(mine)
+    for key, seen in theirs.items():
+        old = out.get(key)
+        if not old:
+            out[key] = seen
+            continue
+        highest = max((v for v in (old.get("highest"), seen.get("highest")) if v), key=version_key, default=None)
+        out[key] = {"highest": highest, "digests": {**seen.get("digests", {}), **old.get("digests", {})}}
+    return out
+
+
+def pull(
+    store: Store,
+    ref: Ref,
+    *,
+    trusted: Mapping[str, Any],
+    allow_unsigned: bool = False,
+    plain_http: bool = False,
+    progress: Progress | None = None,
+) -> PullResult:
+    """Download `ref` with its signatures, verify it apart from the store, then add it and tag it `ref`."""
+    client = _client(ref, plain_http)
+    manifest_bytes, digest, media_type = _get_manifest(client, ref.reference, f"manifest {ref}", expect=ref.digest)
+    if media_type == OCI_INDEX:
+        raise BundleError("invalid-bundle", f"{ref} is an image index, not a bundle manifest")
+    try:
+        manifest = json.loads(manifest_bytes)
+    except ValueError:
+        raise BundleError("invalid-bundle", f"{ref}: the manifest is not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST:
+        raise BundleError("invalid-bundle", f"{ref}: not an OCI image manifest")
+    what = f"manifest {ref}"
+    blobs = [(_descriptor(manifest.get("config"), what, MAX_JSON_BLOB), "config")]
+    blobs += [(d, f"layer {d.digest[7:19]}") for d in (_descriptor(x, what) for x in manifest.get("layers") or [])]
+
+    sig_manifests: list[tuple[Descriptor, bytes]] = []
+    for sig in referrers(client, digest):
+        data, sig_digest, _ = _get_manifest(client, sig.digest, f"signature {sig.digest[:19]}…", expect=sig.digest)
+        try:
+            body = json.loads(data)
+        except ValueError:
+            continue  # not ours to judge: verify reports a missing signature if none is usable
+        if not isinstance(body, dict) or (body.get("subject") or {}).get("digest") != digest:
+            continue
+        sig_manifests.append((Descriptor(OCI_MANIFEST, sig_digest, len(data)), data))
+        swhat = f"signature {sig_digest[:19]}…"
+        blobs += [(_descriptor(x, swhat, MAX_JSON_BLOB), f"signature {sig_digest[7:19]}") for x in [body.get("config"), *(body.get("layers") or [])]]
+
+    unique = list({d.digest: (d, label) for d, label in blobs}.values())
+    downloader = _Downloader(client, store, progress)
+    files: dict[str, Path] = {}
+
+    def fetch(desc: Descriptor, label: str) -> None:
+        files[desc.digest] = downloader.fetch(desc, label)
+
+    _run_all([lambda d=d, label=label: fetch(d, label) for d, label in sorted(unique, key=lambda x: -x[0].size)], downloader.stop)
+
+    tmp = Store(Path(tempfile.mkdtemp(prefix="pull-", dir=store.private_dir("tmp"))))
+    try:
+        tmp.ensure()
+        for blob_digest, path in files.items():
+            _place(path, tmp.blob_path(blob_digest))
+        for data in [manifest_bytes] + [d for _, d in sig_manifests]:
+            tmp.blob_path(sha256_digest(data)).write_bytes(data)
+        manifest_desc = Descriptor(OCI_MANIFEST, digest, len(manifest_bytes))
+        tmp.tag(ref, manifest_desc)
+        for sig_desc, _ in sig_manifests:
+            tmp.add_untagged(sig_desc, SIG_TYPE)
+        tmp.write_state(ROLLBACK_STATE, store.state(ROLLBACK_STATE))  # rollback is judged against this store's memory
+        report = verify_bundle(tmp, ref, trusted, allow_unsigned=allow_unsigned, record=True)
+        if report.error is not None:
+            if report.error.exit_code == 3:  # bad bytes or a bad signature: nothing of it is worth keeping for a retry
+                for path in downloader.fetched:
+                    path.unlink(missing_ok=True)
+            raise report.error
+        with store.lock():
+            blob_dir = store.root / "blobs" / "sha256"
+            for path in sorted((tmp.root / "blobs" / "sha256").iterdir()):
+                if not (blob_dir / path.name).exists():
+                    os.chmod(path, 0o444)
+                    _place(path, blob_dir / path.name)
+            for sig_desc, _ in sig_manifests:
+                store.add_untagged(sig_desc, SIG_TYPE)
+            store.tag(ref, manifest_desc)
+            store.write_state(ROLLBACK_STATE, _merge_versions(store.state(ROLLBACK_STATE), tmp.state(ROLLBACK_STATE)))
+        for path in downloader.fetched:
+            path.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp.root, ignore_errors=True)
+    return PullResult(str(ref), digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signer, [d.digest for d, _ in sig_manifests])

@@ -1,0 +1,195 @@
+"""`bundle bench`: the target alone, transformers' assisted generation and our runner, same pair, same prompts,
+one process, and what the measured acceptance and costs predict (Leviathan et al.)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from runner.loading import load_model
+from runner.metrics import best_predicted_speedup, predicted_speedup
+from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight
+from runner.speculative import generate_plain, generate_speculative
+from runner.tokenizer_gate import load_spec
+
+PLAIN_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class Run:
+    """One method over all prompts: the tokens per prompt and the time they took."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    seconds: float = 0.0
+    stats: list[Any] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens_per_second": round(self.tokens_per_second, 2), "new_tokens": self.new_tokens, "seconds": round(self.seconds, 3)}
+
+
+def _timed(prompts: Sequence[list[int]], generate: Callable[[list[int]], tuple[list[int], Any]]) -> Run:
+    run = Run()
+    for ids in prompts:
+        start = time.perf_counter()
+        tokens, stats = generate(ids)
+        run.seconds += time.perf_counter() - start
+        run.tokens.append(tokens)
+        run.stats.append(stats)
+    return run
+
+
+def _hf_assisted(target, draft, eos: set[int], max_new_tokens: int, k: int | None) -> Callable[[list[int]], tuple[list[int], Any]]:
+    """transformers' assisted generation (greedy); k None: its defaults, else k tokens, constant schedule."""
+    extra = {} if k is None else {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant"}
+
+    def generate(ids: list[int]) -> tuple[list[int], Any]:
+        x = torch.tensor([ids], device=target.device)
+        with torch.inference_mode():
+            out = target.generate(
+                x, attention_mask=torch.ones_like(x), assistant_model=draft, do_sample=False, max_new_tokens=max_new_tokens,
+                eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0], **extra,
+            )
+        return out[0, len(ids):].tolist(), None
+
+    return generate
+
+
+def bf16_step(value: float) -> float:
+    """The spacing of bfloat16 numbers (8 significant bits) at `value`."""
+    return 2.0 ** (math.floor(math.log2(abs(value))) - 7) if value else 2.0**-133
+
+
+def first_difference(target, prompt: list[int], expected: list[int], got: list[int], dtype: str) -> dict[str, Any] | None:
+    """Where `got` leaves the target's own output, and whether the target's top two logits tie there."""
+    i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    if i is None:
+        return None if len(expected) == len(got) else {"position": min(len(expected), len(got)), "tie": False, "gap": None}
+    with torch.inference_mode():
+        logits = target(torch.tensor([prompt + expected[:i]], device=target.device)).logits[0, -1].float()
+    top2 = torch.topk(logits, 2).values.tolist()
+    gap = top2[0] - top2[1]
+    step = bf16_step(top2[0]) if dtype == "bfloat16" else 0.0
+    return {"position": i, "tie": gap <= step, "gap": gap, "top_logit": top2[0]}
+
+
+def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) -> float:
+    """The lowest per-token acceptance at which the best draft length predicts a speed-up of 1."""
+    lo, hi = 0.0, 0.999
+    if best_predicted_speedup(hi, cost_ratio, verify_ratio, max_k)[0] < 1.0:
+        return 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if best_predicted_speedup(mid, cost_ratio, verify_ratio, max_k)[0] < 1.0 else (lo, mid)
+    return hi
+
+
+def bench_unpacked(
+    root: Path,
+    roles: Mapping[str, str],
+    params: Mapping[str, Any],
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int = 128,
+    draft_tokens: int | None = None,
+    device: str | None = None,
+    verified_files: Mapping[str, str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every method on the same prompts in this process; tokens/s, ratios, acceptance, costs, identity."""
+    from transformers import AutoTokenizer
+
+    say = progress or (lambda _msg: None)
+    device = _resolve_device(device)
+    dtype = str(params.get("dtype") or "float32")
+    k = int(draft_tokens or params.get("draft_tokens", 5))
+    checked = preflight(root, roles, params)
+    dirs = checked["dirs"]
+    tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
+    ids = [_prompt_ids(tokenizer, p, raw=False) for p in prompts]
+    eos = _eos_ids(tokenizer, dirs["target"])
+    vocab = load_spec(checked["tokenizer_dir"]).vocab_size
+    load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]))  # noqa: E731
+    target, draft = load("target", dtype), load("draft", dtype)
+
+    plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
+    ours = lambda x: (lambda r: (r.tokens, r.stats))(  # noqa: E731
+        generate_speculative(target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
+                             eos_ids=eos, min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)), vocab_size=vocab)
+    )
+    say("warming up")
+    warm = ids[:1]
+    _timed(warm, lambda x: (generate_plain(target, x, 8, eos_ids=eos).tokens, None))
+    _timed(warm, lambda x: (generate_plain(draft, x, 8, eos_ids=eos).tokens, None))
+    runs: dict[str, Run] = {}
+    say(f"target alone ({dtype})")
+    runs["target_only"] = _timed(ids, plain(target))
+    say(f"draft alone ({dtype}), for the cost ratio")
+    runs["draft_only"] = _timed(ids[:2], plain(draft))
+    say("bundle run (speculative)")
+    runs["bundle"] = _timed(ids, ours)
+    say("transformers assisted generation, its defaults")
+    runs["hf_assisted_default"] = _timed(ids, _hf_assisted(target, draft, eos, max_new_tokens, None))
+    say(f"transformers assisted generation, k={k} constant")
+    runs["hf_assisted_k"] = _timed(ids, _hf_assisted(target, draft, eos, max_new_tokens, k))
+    for other in PLAIN_DTYPES:
+        if other != dtype:
+            say(f"target alone ({other})")
+            other_target = load("target", other)
+            _timed(warm, lambda x: (generate_plain(other_target, x, 8, eos_ids=eos).tokens, None))
+            runs[f"target_only_{other}"] = _timed(ids, plain(other_target))
+            del other_target
+    runs[f"target_only_{dtype}"] = runs["target_only"]
+    hf_best = max(("hf_assisted_default", "hf_assisted_k"), key=lambda n: runs[n].tokens_per_second)
+    fastest_plain = max((f"target_only_{d}" for d in PLAIN_DTYPES), key=lambda n: runs[n].tokens_per_second)
+
+    stats = runs["bundle"].stats
+    accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
+    rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
+    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
+    step_s = runs["target_only"].seconds / max(runs["target_only"].new_tokens, 1)
+    cost = (runs["draft_only"].seconds / max(runs["draft_only"].new_tokens, 1)) / step_s
+    verifies = sum(s.verifies_timed for s in stats)
+    verify_ratio = (sum(s.verify_time_s for s in stats) / verifies / step_s) if verifies else 1.0
+    mean_k = drafted / iterations if iterations else float(k)
+    theoretical = predicted_speedup(alpha, max(1, round(mean_k)), cost, verify_ratio) if iterations else 1.0
+    differences = [first_difference(target, p, t, b, dtype) for p, t, b in zip(ids, runs["target_only"].tokens, runs["bundle"].tokens)]
+    identical = all(d is None or d["tie"] for d in differences)
+    speedup = runs["bundle"].tokens_per_second / runs["target_only"].tokens_per_second
+    return {
+        "runs": {**{name: run.as_dict() for name, run in runs.items()}, "hf_assisted": {**runs[hf_best].as_dict(), "setting": hf_best}},
+        "speedup_vs_target": round(speedup, 3),
+        "speedup_vs_hf_assisted": round(runs["bundle"].tokens_per_second / runs[hf_best].tokens_per_second, 3),
+        "speedup_vs_fastest_plain": round(runs["bundle"].tokens_per_second / runs[fastest_plain].tokens_per_second, 3),
+        "fastest_plain": fastest_plain,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        "per_token_acceptance": round(alpha, 4),
+        "mean_accepted_length": round(accepted / iterations, 3) if iterations else 0.0,
+        "cost_ratio": round(cost, 4),
+        "verify_cost_ratio": round(verify_ratio, 4),
+        "mean_draft_tokens": round(mean_k, 2),
+        "theoretical_speedup": round(theoretical, 3),
+        "efficiency": round(speedup / theoretical, 3) if theoretical else None,
+        "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, 2 * k), 3),
+        "identical_output": identical,
+        "exactly_identical": all(d is None for d in differences),
+        "differences": [{"prompt": i, **d} for i, d in enumerate(differences) if d],
+        "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(stats) if s.fallback],
+        "prompts": len(ids),
+        "max_new_tokens": max_new_tokens,
+        "dtype": dtype,
+        "device": device,
+        "threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,103 @@
+"""Pairing policy and memory preflight: decided from configs and headers, before any weight is loaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import runner.loading
+from bundler.errors import BundleError
+from runner.modelinfo import count_parameters, estimate_memory
+from runner.pairing import check_memory, check_pairing
+from runner.run import run_unpacked
+from tests.tinymodels import make_pair, tiny_llama, truncate_weights_to_header
+
+ROLES = {"target": "target/", "draft": "draft/", "tokenizer": "tokenizer/"}
+
+
+@pytest.fixture
+def weightless_pair(tmp_path):
+    """A tiny pair whose weight files hold only their headers: any attempt to load them fails."""
+    paths = make_pair(tmp_path)
+    truncate_weights_to_header(paths["target"])
+    truncate_weights_to_header(paths["draft"])
+    return paths
+
+
+def refused_before_loading(root: Path, params: dict, **options) -> BundleError:
+    loads = runner.loading.LOADS
+    with pytest.raises(BundleError) as caught:
+        run_unpacked(root, ROLES, params, "hello", max_new_tokens=8, **options)
+    assert runner.loading.LOADS == loads, "a model was loaded before the refusal"
+    assert caught.value.exit_code == 4
+    return caught.value
+
+
+def test_parameters_are_counted_from_headers_with_tied_embeddings_once(tmp_path):
+    model = tiny_llama(320, hidden=64, layers=2)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert count_parameters(tmp_path) == sum(p.numel() for p in model.parameters())  # parameters() dedups ties
+
+
+def test_memory_estimate_is_weights_plus_kv_cache(weightless_pair):
+    estimate = estimate_memory(weightless_pair["target"], weightless_pair["draft"], "bfloat16", 100)
+    # target: 2 layers x 2 kv heads x 16 dims; draft: 1 layer x 1 kv head x 8 dims; keys and values, 2 bytes
+    assert estimate["kv_cache_bytes"] == 100 * 2 * 2 * (2 * 2 * 16 + 1 * 1 * 8)
+    assert estimate["weights_bytes"] == 2 * (estimate["target_parameters"] + estimate["draft_parameters"])
+    assert estimate["total_bytes"] == estimate["weights_bytes"] + estimate["kv_cache_bytes"]
+
+
+def test_a_pair_of_one_family_with_a_large_size_gap_passes(weightless_pair):
+    found = check_pairing(weightless_pair["target"], weightless_pair["draft"], {})
+    assert found["target_family"] == found["draft_family"] == "llama"
+    assert found["size_ratio"] >= 4
+
+
+def test_different_model_family_is_refused_before_loading(weightless_pair):
+    config_path = weightless_pair["draft"] / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "model_type": "qwen2"}))
+    error = refused_before_loading(weightless_pair["root"], {})
+    assert error.code == "model-family"
+    assert error.message.startswith("target is llama, draft is qwen2")
+
+
+def test_different_model_family_passes_when_the_kitfile_allows_it(weightless_pair):
+    config_path = weightless_pair["draft"] / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "model_type": "qwen2"}))
+    assert check_pairing(weightless_pair["target"], weightless_pair["draft"], {"allow_cross_family": True})
+
+
+def test_size_ratio_below_the_minimum_is_refused_before_loading(weightless_pair):
+    error = refused_before_loading(weightless_pair["root"], {"min_size_ratio": 50})
+    assert error.code == "size-ratio"
+    assert "ratio 12.65 < 50" in error.message
+
+
+def test_draft_as_large_as_the_target_is_refused_by_the_default_ratio(tmp_path):
+    paths = make_pair(tmp_path, draft_hidden=64, draft_layers=2)
+    with pytest.raises(BundleError) as caught:
+        check_pairing(paths["target"], paths["draft"], {})
+    assert caught.value.code == "size-ratio"
+
+
+def test_memory_budget_too_small_is_refused_before_loading(weightless_pair):
+    error = refused_before_loading(weightless_pair["root"], {}, memory_budget=100_000)
+    assert error.code == "memory-budget"
+    assert error.message.endswith("but 97.66 KiB is --memory-budget")
+
+
+def test_estimate_beyond_available_memory_is_refused():
+    with pytest.raises(BundleError) as caught:
+        check_memory({"weights_bytes": 2**60, "kv_cache_bytes": 0, "total_bytes": 2**60}, None)
+    assert caught.value.code == "memory-budget"
+
+
+def test_pickle_weights_are_refused_before_loading(weightless_pair):
+    torch.save({"x": torch.zeros(1)}, weightless_pair["draft"] / "pytorch_model.bin")
+    error = refused_before_loading(weightless_pair["root"], {})
+    assert error.code == "pickle-weights"
+    assert error.message.startswith("draft holds pytorch_model.bin")
