@@ -349,3 +349,35 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
         console.print(f"prompt {d['prompt']}: differs from the target alone at token {d['position']} (tie: {d['tie']}, gap {d['gap']})")
     for f in result["fallbacks"]:
         console.print(f"prompt {f['prompt']}: fell back at token {f['at_token']}: {f['reason']}")
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
+@command
+def push(store: Store, ref: str, plain_http: bool) -> None:
+    """Push the bundle tagged REF (HOST[:PORT]/NAME:TAG) and its signatures; the last line is the manifest digest."""
+    from bundler.registry import push as do_push
+
+    for tick in _progress():
+        result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick)
+    sigs = f"{len(result.signatures)} signature(s) ({'referrers API' if result.referrers == 'api' else 'referrers tag ' + result.digest.replace(':', '-', 1)[:19] + '…'})" if result.signatures else "unsigned"
+    click.echo(f"pushed {result.ref}: {result.blobs_uploaded} blobs uploaded ({result.bytes_uploaded:,} bytes), {result.blobs_skipped} already there; {sigs}")
+    click.echo(result.digest)
+
+
+@main.command()
+@click.argument("ref")
+@_trust_options
+@click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
+@command
+def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, plain_http: bool) -> None:
+    """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
+    from bundler.registry import pull as do_pull
+
+    trusted = _trusted(key_paths)
+    for tick in _progress():
+        result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick)
+    who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
+    click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}")
+    click.echo(result.digest)

@@ -135,10 +135,24 @@ def parse_kitfile(text: str, where: str = "Kitfile") -> Kitfile:
     return kitfile_from_data(_parse_yaml(text, where), where)
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of maps and lists, counted without recursion (the value may be hostile)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= MAX_YAML_DEPTH:  # deeper is refused anyway: no need to walk it all
+                stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def kitfile_from_data(data: Any, where: str = "Kitfile") -> Kitfile:
     """Validate an already-parsed Kitfile document (from YAML, or from a bundle's config)."""
     if not isinstance(data, dict):
         raise _invalid(where, "not a YAML mapping")
+    if _depth(data) > MAX_YAML_DEPTH:  # a config read from JSON never went through _parse_yaml's bound
+        raise _invalid(where, f"nested deeper than {MAX_YAML_DEPTH} levels")
     errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         first = errors[0]

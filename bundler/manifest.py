@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from bundler.errors import BundleError
 from bundler.kitfile import Kitfile, LayerSpec
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -48,6 +49,18 @@ class Descriptor:
 
     def as_dict(self) -> dict[str, Any]:
         return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+def parse_descriptor(value: Any, where: str) -> Descriptor:
+    """A descriptor as read from a manifest or index.json, its fields' types checked (hostile JSON is invalid-bundle, not a crash)."""
+    if not isinstance(value, dict):
+        raise BundleError("invalid-bundle", f"{where}: descriptor is not a JSON object")
+    media_type, digest, size = value.get("mediaType", ""), value.get("digest"), value.get("size")
+    if not isinstance(media_type, str) or not isinstance(digest, str):
+        raise BundleError("invalid-bundle", f"{where}: descriptor needs a string mediaType and digest")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise BundleError("invalid-bundle", f"{where}: descriptor size {size!r} is not a non-negative integer")
+    return Descriptor(media_type, digest, size)
 
 
 def _keep(entry: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from bundler.errors import BundleError
 from bundler.kitfile import Kitfile, LayerSpec, kitfile_from_data
-from bundler.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, layer_kind
+from bundler.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, layer_kind, parse_descriptor
 from bundler.refs import Ref
 from bundler.store import Store
 
@@ -51,30 +51,32 @@ def load_modelkit(store: Store, ref: Ref) -> ModelKit:
     """Resolve `ref` and read its manifest and config (each checked against its digest)."""
     desc = store.resolve(ref)
     _, manifest = store.read_json_blob(desc)
-    if manifest.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST or manifest.get("schemaVersion") != 2:
+    if not isinstance(manifest, dict) or manifest.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST or manifest.get("schemaVersion") != 2:
         raise BundleError("invalid-bundle", f"{ref}: not an OCI image manifest")
-    cfg = manifest.get("config") or {}
-    if cfg.get("mediaType") != MODELKIT_CONFIG:
-        raise BundleError("invalid-bundle", f"{ref}: config media type {cfg.get('mediaType')!r} is not a ModelKit config")
-    config_desc = Descriptor(cfg["mediaType"], cfg["digest"], cfg["size"])
+    config_desc = parse_descriptor(manifest.get("config"), f"{ref} manifest config")
+    if config_desc.media_type != MODELKIT_CONFIG:
+        raise BundleError("invalid-bundle", f"{ref}: config media type {config_desc.media_type!r} is not a ModelKit config")
     _, config = store.read_json_blob(config_desc)
     kitfile = kitfile_from_data(_strip_layer_info(config), f"{ref} config")
-    by_digest: dict[str, dict[str, Any]] = {}
-    for layer in manifest.get("layers", []):
-        if layer_kind(layer.get("mediaType", "")) is None:
-            raise BundleError("invalid-bundle", f"{ref}: layer {layer.get('digest')} has media type {layer.get('mediaType')!r}, not an uncompressed ModelKit layer")
-        if layer["digest"] in by_digest:
-            raise BundleError("invalid-bundle", f"{ref}: layer {layer['digest']} is listed twice")
-        by_digest[layer["digest"]] = layer
+    if not isinstance(manifest.get("layers", []), list):
+        raise BundleError("invalid-bundle", f"{ref}: manifest layers is not a list")
+    by_digest: dict[str, Descriptor] = {}
+    for i, raw in enumerate(manifest.get("layers", [])):
+        layer = parse_descriptor(raw, f"{ref} manifest layers[{i}]")
+        if layer_kind(layer.media_type) is None:
+            raise BundleError("invalid-bundle", f"{ref}: layer {layer.digest} has media type {layer.media_type!r}, not an uncompressed ModelKit layer")
+        if layer.digest in by_digest:
+            raise BundleError("invalid-bundle", f"{ref}: layer {layer.digest} is listed twice")
+        by_digest[layer.digest] = layer
     layers: list[tuple[LayerSpec, Descriptor]] = []
     for spec in kitfile.layers:
         digest = _entry_digest(config, spec)
-        layer = by_digest.pop(digest, None) if digest else None
+        layer = by_digest.pop(digest, None) if isinstance(digest, str) else None
         if layer is None:
             raise BundleError("invalid-bundle", f"{ref}: no layer for {spec.role} entry {spec.path!r} (config digest {digest})")
-        if layer_kind(layer["mediaType"]) != spec.kind:
-            raise BundleError("invalid-bundle", f"{ref}: layer for {spec.path!r} is a {layer_kind(layer['mediaType'])} layer, expected {spec.kind}")
-        layers.append((spec, Descriptor(layer["mediaType"], layer["digest"], layer["size"])))
+        if layer_kind(layer.media_type) != spec.kind:
+            raise BundleError("invalid-bundle", f"{ref}: layer for {spec.path!r} is a {layer_kind(layer.media_type)} layer, expected {spec.kind}")
+        layers.append((spec, layer))
     if by_digest:
         raise BundleError("invalid-bundle", f"{ref}: layer {next(iter(by_digest))} is not named by any Kitfile entry")
     return ModelKit(ref, desc, manifest, config_desc, config, kitfile, layers)

@@ -151,7 +151,7 @@ class Client:
                 raise BundleError("registry-unreachable", f"TLS to {self.host} failed ({_reason(exc)}); for a plain-HTTP registry on loopback pass --plain-http") from None
             except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
                 raise BundleError("registry-unreachable", f"cannot reach registry {self.host} ({_reason(exc)}) during {what}") from None
-            if resp.status_code == 401 and attempt < 2 and self._answer(resp, what):
+            if resp.status_code == 401 and attempt < 2 and self._answer(resp, hdrs.get("Authorization"), what):
                 resp.close()
                 continue
             break
@@ -174,19 +174,19 @@ class Client:
             raise BundleError("registry-not-found", f"{what}: not found on {self.host} ({status}{detail})")
         raise BundleError("registry", f"{self.host} answered {status} to {what}{detail}")
 
-    def _answer(self, resp: requests.Response, what: str) -> bool:
-        """Set the Authorization header a 401 challenge asks for; False when there is nothing new to try."""
+    def _answer(self, resp: requests.Response, sent: str | None, what: str) -> bool:
+        """Set the Authorization header a 401 challenge asks for; False when it is what `sent` already was."""
         challenge = resp.headers.get("WWW-Authenticate", "")
         scheme = challenge.split(" ", 1)[0].lower()
         with self._lock:
             if scheme == "basic":
-                if self.creds is None or self._auth == self.creds.basic():
+                if self.creds is None or sent == self.creds.basic():
                     return False
                 self._auth = self.creds.basic()
                 return True
             if scheme == "bearer":
                 token = self._token(oras.auth.utils.parse_auth_header(challenge), what)
-                if token is None or self._auth == f"Bearer {token}":
+                if token is None or sent == f"Bearer {token}":
                     return False
                 self._auth = f"Bearer {token}"
                 return True
@@ -248,13 +248,16 @@ class _Uploader:
         where = hashlib.sha256(f"{self.client.host}/{self.client.ref.repository}".encode()).hexdigest()[:16]
         return self.sessions / f"{where}-{digest.split(':', 1)[1]}.json"
 
-    def _offset(self, location: str, what: str) -> int | None:
-        """How much of an upload session the registry holds (from its Range header), or None if it is gone."""
+    def _offset(self, location: str, what: str) -> tuple[int, str] | None:
+        """(bytes the registry holds, the session URL to go on with), or None if the session is gone."""
         resp = self.client.request("GET", location, what, ok=(204,), not_found_ok=True)
         if resp.status_code == 404:
             return None
         found = re.match(r"^(?:bytes=)?0-(\d+)$", resp.headers.get("Range", ""))
-        return int(found.group(1)) + 1 if found else 0
+        # distribution says "0-0" for an empty session too: read it as 0 (a refused PATCH then starts afresh).
+        held = int(found.group(1)) + 1 if found and found.group(1) != "0" else 0
+        # The Location it answers carries the session state for that offset (distribution signs it).
+        return held, urllib.parse.urljoin(resp.url, resp.headers.get("Location", location))
 
     def upload(self, desc: Descriptor, label: str) -> None:
         what = f"upload of {label}"
@@ -263,19 +266,26 @@ class _Uploader:
             with self.lock:
                 self.skipped += 1
             return
-        path = self.store.blob_path(desc.digest)
         state = self._session_file(desc.digest)
-        location, offset = None, 0
+        resumed = None
         if state.exists():
             with contextlib.suppress(ValueError, KeyError, BundleError):
-                location = json.loads(state.read_text())["location"]
-                offset = self._offset(location, what)
-                if offset is None or offset > desc.size:
-                    location, offset = None, 0
-        if location is None:
-            resp = self.client.request("POST", "/blobs/uploads/", what, ok=(202,), headers={"Content-Length": "0"})
-            location = urllib.parse.urljoin(resp.url, resp.headers["Location"])
-            state.write_text(json.dumps({"location": location, "digest": desc.digest}))
+                resumed = self._offset(json.loads(state.read_text())["location"], what)
+        if resumed is not None and resumed[0] <= desc.size:
+            try:
+                self._send(desc, label, resumed[1], resumed[0], state)
+                return
+            except BundleError as err:
+                if err.code != "registry" or self.stop.is_set():  # else the old session was refused: start afresh
+                    raise
+        resp = self.client.request("POST", "/blobs/uploads/", what, ok=(202,), headers={"Content-Length": "0"})
+        self._send(desc, label, urllib.parse.urljoin(resp.url, resp.headers["Location"]), 0, state)
+
+    def _send(self, desc: Descriptor, label: str, location: str, offset: int, state: Path) -> None:
+        """PATCH the blob from `offset` in chunks, then PUT ?digest= to close the session."""
+        what = f"upload of {label}"
+        path = self.store.blob_path(desc.digest)
+        state.write_text(json.dumps({"location": location, "digest": desc.digest}))
         sent = 0
 
         def tick(n: int) -> None:
@@ -297,19 +307,21 @@ class _Uploader:
                     body=lambda: _Chunk(path, start, length, tick),
                 )
             except BundleError as err:
-                if err.code not in ("registry-unreachable", "registry"):
+                if err.code != "registry-unreachable":
                     raise
-                # A broken chunk: ask the registry how far it got and go on from there, once.
+                # A broken chunk: ask the registry how far it got and go on from there, if it got further.
                 got = self._offset(location, what)
-                if got is None or got <= start:
+                if got is None or got[0] <= start:
                     raise
-                offset = got
+                offset, location = got
                 continue
             location = urllib.parse.urljoin(resp.url, resp.headers.get("Location", location))
             state.write_text(json.dumps({"location": location, "digest": desc.digest}))
             offset = start + length
-        self.client.request("PUT", location, what, ok=(201,), params={"digest": desc.digest}, headers={"Content-Length": "0"})
-        state.unlink(missing_ok=True)
+        try:
+            self.client.request("PUT", location, what, ok=(201,), params={"digest": desc.digest}, headers={"Content-Length": "0"})
+        finally:
+            state.unlink(missing_ok=True)  # closed or refused: this session is done either way
         with self.lock:
             self.uploaded += 1
             self.bytes += sent
@@ -459,6 +471,12 @@ class _Downloader:
     def path(self, digest: str) -> Path:
         return self.dir / digest.split(":", 1)[1]
 
+    def discard(self) -> None:
+        """Drop what this pull put in the cache, finished or partial (after bad bytes or a bad signature)."""
+        for path in self.fetched:
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + ".part").unlink(missing_ok=True)
+
     def fetch(self, desc: Descriptor, label: str) -> Path:
         """A local file with the blob's bytes: the store's own copy, a finished download, or a new one."""
         if self.store.has_blob(desc.digest):
@@ -601,7 +619,12 @@ def pull(
     def fetch(desc: Descriptor, label: str) -> None:
         files[desc.digest] = downloader.fetch(desc, label)
 
-    _run_all([lambda d=d, label=label: fetch(d, label) for d, label in sorted(unique, key=lambda x: -x[0].size)], downloader.stop)
+    try:
+        _run_all([lambda d=d, label=label: fetch(d, label) for d, label in sorted(unique, key=lambda x: -x[0].size)], downloader.stop)
+    except BundleError as err:
+        if err.exit_code == 3:  # bad bytes: keep nothing; a network failure keeps finished blobs for the rerun
+            downloader.discard()
+        raise
 
     tmp = Store(Path(tempfile.mkdtemp(prefix="pull-", dir=store.private_dir("tmp"))))
     try:
@@ -617,9 +640,7 @@ def pull(
         tmp.write_state(ROLLBACK_STATE, store.state(ROLLBACK_STATE))  # rollback is judged against this store's memory
         report = verify_bundle(tmp, ref, trusted, allow_unsigned=allow_unsigned, record=True)
         if report.error is not None:
-            if report.error.exit_code == 3:  # bad bytes or a bad signature: nothing of it is worth keeping for a retry
-                for path in downloader.fetched:
-                    path.unlink(missing_ok=True)
+            downloader.discard()  # bad content or a bad signature: nothing of it is worth keeping for a retry
             raise report.error
         with store.lock():
             blob_dir = store.root / "blobs" / "sha256"

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from bundler import keys, signature
 from bundler.errors import BundleError
-from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json
+from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
 from bundler.modelkit import ModelKit
 from bundler.store import Store
 
@@ -102,13 +102,17 @@ def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor,
             _, manifest = store.read_json_blob(desc)
         except BundleError:
             continue  # a damaged signature artifact counts as no signature; verify then says so
-        if (manifest.get("subject") or {}).get("digest") != subject_digest:
+        subject = manifest.get("subject") if isinstance(manifest, dict) else None
+        if not isinstance(subject, dict) or subject.get("digest") != subject_digest:
             continue
-        layers = manifest.get("layers") or []
-        if len(layers) != 1 or layers[0].get("mediaType") != signature.SIGSTORE_BUNDLE_MEDIA_TYPE:
+        layers = manifest.get("layers")
+        if not isinstance(layers, list) or len(layers) != 1:
             continue
         try:
-            data, _ = store.read_json_blob(layers[0])
+            layer = parse_descriptor(layers[0], f"signature {desc.digest} layer")
+            if layer.media_type != signature.SIGSTORE_BUNDLE_MEDIA_TYPE:
+                continue
+            data, _ = store.read_json_blob(layer)
         except BundleError:
             continue
         found.append((desc, data))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from bundler.errors import BundleError
-from bundler.manifest import OCI_MANIFEST, Descriptor
+from bundler.manifest import OCI_MANIFEST, Descriptor, parse_descriptor
 from bundler.refs import Ref
 
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -175,8 +175,8 @@ class Store:
             raise BundleError("digest-mismatch", f"blob {digest}: content does not match its digest and size")
         try:
             return data, json.loads(data)
-        except ValueError:
-            raise BundleError("invalid-bundle", f"blob {digest} is not JSON") from None
+        except (ValueError, RecursionError):  # RecursionError: a nesting bomb
+            raise BundleError("invalid-bundle", f"blob {digest} is not JSON (or nested too deep)") from None
 
     # index ----------------------------------------------------------------------------------
     def index(self) -> dict[str, Any]:
@@ -184,9 +184,17 @@ class Store:
         if not path.exists():
             return {"schemaVersion": 2, "manifests": []}
         try:
-            return json.loads(path.read_bytes())
-        except ValueError:
-            raise BundleError("invalid-bundle", f"{path} is not valid JSON") from None
+            index = json.loads(path.read_bytes())
+        except (ValueError, RecursionError):  # RecursionError: a nesting bomb
+            raise BundleError("invalid-bundle", f"{path} is not valid JSON (or nested too deep)") from None
+        # Checked once here so every reader below can index its entries without tripping on hostile JSON.
+        if not isinstance(index, dict) or not isinstance(index.get("manifests", []), list):
+            raise BundleError("invalid-bundle", f"{path} is not an OCI image index")
+        for i, entry in enumerate(index.get("manifests", [])):
+            parse_descriptor(entry, f"{path} manifests[{i}]")
+            if not isinstance(entry.get("annotations", {}), dict) or not isinstance(entry.get("annotations", {}).get(REF_NAME, ""), str):
+                raise BundleError("invalid-bundle", f"{path} manifests[{i}]: annotations are not a map of strings")
+        return index
 
     def write_index(self, index: dict[str, Any]) -> None:
         _atomic_write(self.root / "index.json", _dump(index))

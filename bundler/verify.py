@@ -1,8 +1,8 @@
 """`bundle verify`: every check that makes a bundle trustworthy, each reported by name.
 
 Order: the bundle's own structure (manifest, config, Kitfile), every blob's bytes and archive safety,
-roles and weights, tokenizer files, then the signature: present, valid, trusted, over this bundle,
-listing exactly its files, not expired, not a rollback.
+roles and weights, tokenizer files, then the signature: present, valid, trusted, for this name and
+version, listing exactly its files, over this manifest, not expired, not a rollback.
 """
 
 from __future__ import annotations
@@ -112,8 +112,11 @@ def verify_bundle(
             return report
         claims = check("signature", lambda: _signature(store, mk, trusted))
         report.claims, report.signer = claims, claims.key_id
-        check("subject", lambda: _subject(mk, claims))
+        # Name and version first, then the file names, then the digests: so a signature taken from another
+        # bundle says so, and an added, removed or renamed file is named rather than shown as "another manifest".
+        check("signed-name", lambda: _signed_name(mk, claims))
         check("files", lambda: _files(report.files, claims))
+        check("subject", lambda: _subject(mk, claims))
         check("expiry", lambda: _expiry(claims, now or dt.datetime.now(dt.timezone.utc)))
         check("rollback", lambda: _rollback(store, mk, claims, record))
     except _Failed:
@@ -193,14 +196,19 @@ def _signature(store: Store, mk: ModelKit, trusted: Mapping[str, Any]) -> tuple[
     raise first_error
 
 
+def _signed_name(mk: ModelKit, claims: signature.SignedClaims) -> tuple[None, str]:
+    signed = claims.bundle
+    if (signed.get("name"), signed.get("version")) != (mk.kitfile.name, mk.kitfile.version):
+        raise BundleError("signature-mismatch", f"signature is for {signed.get('name')} {signed.get('version')}, this bundle is {mk.kitfile.name} {mk.kitfile.version}")
+    return None, f"signature is for {mk.kitfile.name} {mk.kitfile.version}"
+
+
 def _subject(mk: ModelKit, claims: signature.SignedClaims) -> tuple[None, str]:
     signed = claims.bundle
     if signed.get("manifest_digest") != mk.digest:
-        raise BundleError("signature-mismatch", f"signature is over manifest {str(signed.get('manifest_digest'))[:19]}…, this bundle is {mk.digest[:19]}…")
+        raise BundleError("signature-mismatch", f"signature is over manifest {str(signed.get('manifest_digest'))[:19]}…, this bundle is {mk.digest[:19]}…: its content changed since signing")
     if signed.get("config_digest") not in (None, mk.config_desc.digest):
         raise BundleError("signature-mismatch", "signature is over another config")
-    if (signed.get("name"), signed.get("version")) != (mk.kitfile.name, mk.kitfile.version):
-        raise BundleError("signature-mismatch", f"signature is for {signed.get('name')} {signed.get('version')}, this bundle is {mk.kitfile.name} {mk.kitfile.version}")
     return None, f"signed manifest digest equals {mk.digest[:19]}…"
 
 

@@ -111,8 +111,11 @@ class TopKRecorder:
 
 @torch.inference_mode()
 def generate_batch(model, tok, prompts: list[str]) -> list[dict]:
-    """Greedy answers for a batch of prompts, with the teacher's top-K logits per answer token."""
-    from transformers import LogitsProcessorList
+    """Greedy answers for a batch of prompts, with the teacher's top-K logits per answer token.
+
+    A plain loop rather than `generate()`: finished rows leave the batch (and the KV cache) at once,
+    which saves the ~30% of steps that padded rows would otherwise cost on chat answers."""
+    from transformers import DynamicCache
 
     eos = tok.eos_token_id
     seqs = [chat_ids(tok, p) for p in prompts]
@@ -122,19 +125,38 @@ def generate_batch(model, tok, prompts: list[str]) -> list[dict]:
     for r, s in enumerate(seqs):
         ids[r, width - len(s):] = torch.tensor(s)
         mask[r, width - len(s):] = 1
-    rec = TopKRecorder(TOP_K)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False,
-                         logits_processor=LogitsProcessorList([rec]), pad_token_id=tok.pad_token_id,
-                         eos_token_id=eos, temperature=None, top_p=None, top_k=None)
-    gen = out[:, width:]
-    vals = torch.stack(rec.values, 1)  # [B, T, K]
-    idxs = torch.stack(rec.indices, 1)
-    items = []
-    for r, s in enumerate(seqs):
-        g = gen[r].tolist()
-        n = g.index(eos) + 1 if eos in g else len(g)
-        items.append({"prompt": s, "answer": g[:n], "vals": vals[r, :n], "idxs": idxs[r, :n]})
-    return items
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    cache = DynamicCache()
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1]
+    live = list(range(len(seqs)))  # original row of each row still in the batch
+    answers: list[list[int]] = [[] for _ in seqs]
+    vals: list[list[torch.Tensor]] = [[] for _ in seqs]
+    idxs: list[list[torch.Tensor]] = [[] for _ in seqs]
+    last_pos = pos[:, -1:]
+    while live:
+        v, i = logits.float().topk(TOP_K, dim=-1)
+        nxt = i[:, 0]
+        keep = []
+        for r, row in enumerate(live):
+            answers[row].append(int(nxt[r]))
+            vals[row].append(v[r].half())
+            idxs[row].append(i[r].int())
+            if int(nxt[r]) != eos and len(answers[row]) < MAX_NEW:
+                keep.append(r)
+        if not keep:
+            break
+        if len(keep) < len(live):
+            sel = torch.tensor(keep)
+            cache.batch_select_indices(sel)
+            mask, last_pos, nxt = mask[sel], last_pos[sel], nxt[sel]
+            live = [live[r] for r in keep]
+        mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype)], 1)
+        last_pos = last_pos + 1
+        logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos,
+                       past_key_values=cache, use_cache=True).logits[:, -1]
+    return [{"prompt": s, "answer": answers[r], "vals": torch.stack(vals[r]), "idxs": torch.stack(idxs[r])}
+            for r, s in enumerate(seqs)]
 
 
 def pack_items(items: list[dict]) -> dict[str, torch.Tensor]:
@@ -257,17 +279,19 @@ def cmd_gen(args: argparse.Namespace) -> int:
     make_heldout(model, tok)
     prompts = training_prompts()
     chunks = text_chunks(tok)
-    n_chat = math.ceil(len(prompts) / args.batch)
+    # Chat shards are named by their first prompt's index, so a run with another --batch resumes cleanly.
+    n_chat = len(prompts)
     n_text = math.ceil(len(chunks) / args.text_batch)
     chat_i = text_i = 0
     while time.time() - t0 < args.minutes * 60:
         while chat_i < n_chat and (DATA_DIR / f"chat-{chat_i:05d}.safetensors").exists():
-            chat_i += 1
+            chat_i += len(load_file(str(DATA_DIR / f"chat-{chat_i:05d}.safetensors"))["offsets"]) - 1
         while text_i < n_text and (DATA_DIR / f"text-{text_i:05d}.safetensors").exists():
             text_i += 1
         # Interleave: chat answers are what the draft must mimic; text keeps it general. Prefill is
         # cheap, so a text shard every `text_every` chat shards costs little generation time.
-        do_text = text_i < n_text and (chat_i >= n_chat or chat_i >= (text_i + 1) * args.text_every)
+        n_chat_done = len(list(DATA_DIR.glob("chat-*.safetensors")))
+        do_text = text_i < n_text and (chat_i >= n_chat or n_chat_done >= (text_i + 1) * args.text_every)
         if chat_i >= n_chat and text_i >= n_text:
             break
         t1 = time.time()
@@ -276,7 +300,7 @@ def cmd_gen(args: argparse.Namespace) -> int:
             shard = teacher_text_batch(model, chunks[text_i * args.text_batch:(text_i + 1) * args.text_batch])
         else:
             name = f"chat-{chat_i:05d}"
-            shard = pack_items(generate_batch(model, tok, prompts[chat_i * args.batch:(chat_i + 1) * args.batch]))
+            shard = pack_items(generate_batch(model, tok, prompts[chat_i:chat_i + args.batch]))
         tmp = DATA_DIR / f".{name}.tmp"
         save_file(shard, str(tmp))
         os.replace(tmp, DATA_DIR / f"{name}.safetensors")
@@ -522,7 +546,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gen", help="generate teacher data shards")
     g.add_argument("--minutes", type=float, default=90)
-    g.add_argument("--batch", type=int, default=32, help="prompts per chat shard (one generate call)")
+    g.add_argument("--batch", type=int, default=64, help="prompts per chat shard (one generate call)")
     g.add_argument("--text-batch", type=int, default=32, help="text chunks per text shard")
     g.add_argument("--text-every", type=int, default=2, help="chat shards per text shard")
     t = sub.add_parser("train", help="train the draft")

@@ -38,13 +38,17 @@ def digest_of(data: bytes) -> str:
 # ---------------------------------------------------------------- tar layers, attacker style
 
 
-def read_members(layer: bytes) -> list[Member]:
-    """Every entry of a layer tar with its content (None for non-files)."""
+def read_members(layer: bytes, partial: bool = False) -> list[Member]:
+    """Every entry of a layer tar with its content (None for non-files); with `partial`, as many as a damaged tar gives."""
     out: list[Member] = []
-    with tarfile.open(fileobj=io.BytesIO(layer), mode="r:") as tar:
-        for info in tar:
-            data = tar.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]
-            out.append((info, data))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(layer), mode="r:") as tar:
+            for info in tar:
+                data = tar.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]
+                out.append((info, data))
+    except tarfile.TarError:
+        if not partial:
+            raise
     return out
 
 
@@ -249,7 +253,7 @@ class StoreEditor:
         files: dict[str, str] = {}
         roles: dict[str, str] = {}
         for spec, desc in mk.layers:
-            for info, data in read_members(self.read(desc.digest)):
+            for info, data in read_members(self.read(desc.digest), partial=True):
                 parts = info.name.split("/")
                 if data is None or info.name.startswith("/") or ".." in parts or "." in parts:
                     continue

@@ -132,11 +132,13 @@ def make_pair(
     target_vocab_pad: int = 0,
     tokenizer_in_models: bool = False,
     seed: int = 0,
+    init_std: float = 0.1,
     speculative: dict | None = None,
 ) -> dict[str, Path]:
     """Writes a tiny target/draft pair, their tokenizer and a Kitfile under `root`.
 
     The target has about 12x the draft's parameters (the default pairing policy wants >= 4x).
+    `init_std` 0.1 gives varied greedy text (0.02, transformers' default, repeats one token).
     `target_vocab_pad` pads the target's embedding beyond the tokenizer's vocabulary, as Qwen does.
     With `tokenizer_in_models` the tokenizer files are copied into target/ and draft/ as well.
     Returns the paths: root, target, draft, tokenizer, kitfile.
@@ -145,9 +147,11 @@ def make_pair(
     tokenizer = train_tokenizer(vocab_size)
     n_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
     paths = {"root": root, "target": root / "target", "draft": root / "draft", "tokenizer": root / "tokenizer"}
-    target = tiny_llama(n_tokens + target_vocab_pad, seed=seed, hidden=target_hidden, layers=target_layers)
+    target = tiny_llama(
+        n_tokens + target_vocab_pad, seed=seed, hidden=target_hidden, layers=target_layers, init_std=init_std
+    )
     draft = tiny_llama(
-        n_tokens, seed=seed + 1, hidden=draft_hidden, layers=draft_layers, heads=2, kv_heads=1
+        n_tokens, seed=seed + 1, hidden=draft_hidden, layers=draft_layers, heads=2, kv_heads=1, init_std=init_std
     )
     target.save_pretrained(paths["target"], safe_serialization=True)
     draft.save_pretrained(paths["draft"], safe_serialization=True)

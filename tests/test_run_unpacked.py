@@ -1,0 +1,96 @@
+"""run_unpacked end to end on a tiny pair: the contract's fields, the target's own output, verified loading."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from bundler.errors import BundleError
+from runner.loading import load_model
+from runner.run import run_unpacked
+from runner.speculative import generate_plain
+from runner.tokenizer_gate import fingerprint
+from tests.tinymodels import make_pair
+
+torch.set_num_threads(1)
+ROLES = {"target": "target/", "draft": "draft/", "tokenizer": "tokenizer/"}
+CONTRACT_STATS = {
+    "new_tokens", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "target_passes",
+    "tokens_per_second", "fallback",
+}
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return make_pair(tmp_path_factory.mktemp("bundle"), vocab_size=320)
+
+
+def test_run_returns_the_contract_fields(bundle):
+    result = run_unpacked(bundle["root"], ROLES, {"draft_tokens": 4}, "hello there", max_new_tokens=12)
+    assert result["tokenizer"] == {"fingerprint": fingerprint(bundle["tokenizer"])}
+    assert isinstance(result["text"], str)
+    assert all(isinstance(t, int) for t in result["tokens"]) and 0 < len(result["tokens"]) <= 12
+    assert CONTRACT_STATS <= set(result["stats"])
+    assert result["stats"]["new_tokens"] == len(result["tokens"])
+    assert (result["device"], result["dtype"]) == ("cpu", "float32")
+
+
+def test_run_output_is_the_target_alone_greedy_output_of_the_chat_prompt(bundle):
+    result = run_unpacked(bundle["root"], ROLES, {}, "what is a draft?", max_new_tokens=16, draft_tokens=3)
+    tokenizer = AutoTokenizer.from_pretrained(bundle["tokenizer"])
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "what is a draft?"}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
+    target = load_model(bundle["target"], "float32", "cpu")
+    expected = generate_plain(target, prompt, 16, eos_ids=[tokenizer.eos_token_id], vocab_size=320).tokens
+    assert result["tokens"] == expected
+    assert result["prompt_tokens"] == len(prompt)
+    assert result["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_raw_prompt_skips_the_chat_template(bundle):
+    templated = run_unpacked(bundle["root"], ROLES, {}, "hi", max_new_tokens=2)
+    raw = run_unpacked(bundle["root"], ROLES, {}, "hi", max_new_tokens=2, raw=True)
+    assert raw["prompt_tokens"] < templated["prompt_tokens"]
+
+
+def test_streamed_text_adds_up_to_the_final_text(bundle):
+    pieces: list[str] = []
+    result = run_unpacked(bundle["root"], ROLES, {}, "stream this", max_new_tokens=10, on_text=pieces.append)
+    assert "".join(pieces) == result["text"]
+
+
+def test_sampling_with_a_seed_is_reproducible(bundle):
+    run = lambda: run_unpacked(  # noqa: E731
+        bundle["root"], ROLES, {}, "sample", max_new_tokens=10, temperature=1.0, top_p=0.9, seed=3
+    )["tokens"]
+    assert run() == run()
+
+
+def verified_files(root) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*") if p.is_file()
+    }
+
+
+def test_loading_from_verified_digests_gives_the_same_output(bundle):
+    plain = run_unpacked(bundle["root"], ROLES, {}, "check", max_new_tokens=6)
+    hashed = run_unpacked(bundle["root"], ROLES, {}, "check", max_new_tokens=6, verified_files=verified_files(bundle["root"]))
+    assert hashed["tokens"] == plain["tokens"]
+
+
+def test_weights_swapped_after_verification_are_refused_while_loading(tmp_path):
+    paths = make_pair(tmp_path)
+    digests = verified_files(tmp_path)
+    weights = paths["draft"] / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    with pytest.raises(BundleError) as caught:
+        run_unpacked(tmp_path, ROLES, {}, "hello", max_new_tokens=4, verified_files=digests)
+    assert caught.value.code == "digest-mismatch"
+    assert "model.safetensors changed after verification" in caught.value.message
