@@ -31,6 +31,7 @@ demo: $(STAMP)
 bench: $(STAMP) sysdeps
 	$(PY) benchmarks/pack.py
 	$(PY) benchmarks/verify.py
+	$(PY) benchmarks/registry.py
 
 clean:
 	rm -rf $(VENV) demo/work
