@@ -31,12 +31,26 @@ class ModelKit:
         return self.manifest_desc.digest
 
 
-def _strip_layer_info(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_layer_info(v) for k, v in value.items() if k not in _LAYER_INFO}
-    if isinstance(value, list):
-        return [_strip_layer_info(v) for v in value]
-    return value
+def _strip_layer_info(config: Any) -> Any:
+    """The config without the digest and diffId kit adds to each entry: the Kitfile as written.
+
+    Only the entries kit annotates, not recursively: a hostile config may be nested thousands deep.
+    """
+    if not isinstance(config, dict):
+        return config
+
+    def strip(entry: Any) -> Any:
+        return {k: v for k, v in entry.items() if k not in _LAYER_INFO} if isinstance(entry, dict) else entry
+
+    out = dict(config)
+    if isinstance(out.get("model"), dict):
+        out["model"] = strip(out["model"])
+        if isinstance(out["model"].get("parts"), list):
+            out["model"]["parts"] = [strip(p) for p in out["model"]["parts"]]
+    for section in ("code", "datasets", "docs"):
+        if isinstance(out.get(section), list):
+            out[section] = [strip(e) for e in out[section]]
+    return out
 
 
 def _entry_digest(config: dict[str, Any], spec: LayerSpec) -> str | None:

@@ -205,7 +205,7 @@ def _parse_envelope(bundle_json: bytes) -> _Envelope:
     """
     try:
         bundle = json.loads(bundle_json)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: a nesting bomb
         raise _invalid(f"signature is not JSON: {err}") from err
     _require_object(bundle, "signature", required={"mediaType", "verificationMaterial", "dsseEnvelope"})
     if bundle["mediaType"] != SIGSTORE_BUNDLE_MEDIA_TYPE:
@@ -245,7 +245,7 @@ def _claims(payload_type: str, payload: bytes, signer: str) -> SignedClaims:
         raise _invalid(f"DSSE payloadType is {payload_type!r}")
     try:
         statement = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: a nesting bomb
         raise _invalid(f"signed payload is not JSON: {err}") from err
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         raise _invalid(f"signed payload is not an in-toto Statement v1 ({STATEMENT_TYPE})")

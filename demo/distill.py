@@ -552,7 +552,7 @@ def main() -> int:
     t = sub.add_parser("train", help="train the draft")
     t.add_argument("--minutes", type=float, default=90)
     t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--warmup", type=int, default=100)
+    t.add_argument("--warmup", type=int, default=30)
     t.add_argument("--tokens", type=int, default=3072, help="tokens per batch")
     t.add_argument("--chat-frac", type=float, default=0.7, help="share of sequences drawn from chat shards")
     t.add_argument("--ce-weight", type=float, default=0.2)

@@ -69,6 +69,9 @@ def main() -> int:
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(svd_embedding(weights["model.embed_tokens.weight"], args.hidden))
+        # The tied head would otherwise start out predicting the current token with logits ~50 (the
+        # residual stream is mostly the input embedding): start with a soft output distribution instead.
+        model.model.norm.weight.fill_(0.25)
     model.tie_weights()
     if INIT_DIR.exists():
         shutil.rmtree(INIT_DIR)

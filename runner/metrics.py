@@ -92,15 +92,22 @@ class Stats:
         return [a / d for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @property
+    def step_time(self) -> float | None:
+        """Mean time of a single-token target step. A verify pass does a step's work and more, so a
+        step timed slower than the mean verify pass was noise (a busy machine): the verify time bounds it."""
+        step, verify = _mean(self.step_time_s, self.steps_timed), _mean(self.verify_time_s, self.verifies_timed)
+        return min(step, verify) if step is not None and verify is not None else step
+
+    @property
     def cost_ratio(self) -> float | None:
         """One draft step's time over one single-token target step's time."""
-        draft, step = _mean(self.draft_time_s, self.draft_steps_timed), _mean(self.step_time_s, self.steps_timed)
+        draft, step = _mean(self.draft_time_s, self.draft_steps_timed), self.step_time
         return draft / step if draft is not None and step else None
 
     @property
     def verify_cost_ratio(self) -> float | None:
-        """One verify pass's time over one single-token target step's time."""
-        verify, step = _mean(self.verify_time_s, self.verifies_timed), _mean(self.step_time_s, self.steps_timed)
+        """One verify pass's time over one single-token target step's time (>= 1)."""
+        verify, step = _mean(self.verify_time_s, self.verifies_timed), self.step_time
         return verify / step if verify is not None and step else None
 
     @property

@@ -358,6 +358,19 @@ def test_signature_with_a_flipped_byte_is_invalid(attack: Attack) -> None:
     attack.refused("signature-invalid", INTEGRITY)
 
 
+def test_signature_payload_nesting_bomb_is_invalid_and_inspect_survives_it(attack: Attack) -> None:
+    import base64
+
+    [entry] = attack.edit.signatures(attack.edit.manifest_digest(REF))
+    sigstore = json.loads(attack.edit.signature_payload(entry))
+    sigstore["dsseEnvelope"]["payload"] = base64.b64encode(b"[" * 100_000 + b"]" * 100_000).decode()
+    attack.edit.point_signature(entry, attack.edit.manifest_digest(REF), json.dumps(sigstore).encode())
+    attack.refused("signature-invalid", INTEGRITY)
+    shown = attack.bundle("inspect", REF, "--json", "--key", str(attack.base.pub))  # reads the claims unverified, for display
+    assert shown.code == 0, shown.err
+    assert json.loads(shown.out)["verification"]["ok"] is False
+
+
 def test_expired_signature_is_refused(attack: Attack) -> None:
     ctx = attack.base.contexts[REF]
     fresh = attack.tmp / "fresh-store"
