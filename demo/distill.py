@@ -3,6 +3,7 @@
     .venv/bin/python demo/distill.py gen   --minutes 90   # teacher data: greedy chat answers + local text
     .venv/bin/python demo/distill.py train --minutes 90   # train the draft (starts/continues from ckpt)
     .venv/bin/python demo/distill.py eval                 # held-out acceptance of the best checkpoint
+    .venv/bin/python demo/distill.py curve                # acceptance over training time, from the log
 
 Both long commands run one thread by default (DEMO_THREADS=N to change) and stop themselves after
 --minutes; rerunning either continues where it stopped (shards already written are kept, training
@@ -541,6 +542,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_curve(args: argparse.Namespace) -> int:
+    """Print held-out acceptance over training time from the log, one row per evaluation."""
+    print("train_min  step  chat_targets  text_targets  acceptance  tokens_per_pass(k)")
+    for line in LOG.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "eval":
+            print(f"{e['train_minutes']:9.1f} {e['step']:5d} {e['chat_targets']:13d} {e['text_targets']:13d}"
+                  f" {e['acceptance']:11.4f}  {e['tokens_per_pass']:.3f} ({e['k']})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -566,9 +578,10 @@ def main() -> int:
     e.add_argument("--ckpt", default="best.pt")
     e.add_argument("--draft", default=None, help="a draft directory instead of a checkpoint")
     e.add_argument("--k", type=int, default=4)
+    sub.add_parser("curve", help="held-out acceptance over training time, from the log")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    return {"gen": cmd_gen, "train": cmd_train, "eval": cmd_eval}[args.cmd](args)
+    return {"gen": cmd_gen, "train": cmd_train, "eval": cmd_eval, "curve": cmd_curve}[args.cmd](args)
 
 
 if __name__ == "__main__":
