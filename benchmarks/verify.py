@@ -44,14 +44,15 @@ def _bundle(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "bundler", *args], check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def _big_tree(root: Path, size_mib: int) -> Path:
-    """The test tree with incompressible safetensors weights: target 2 shards (3/4), draft 1 file (1/4)."""
+def _big_tree(root: Path, size_mib: int, target_shards: int = 2) -> Path:
+    """The test tree with incompressible safetensors weights: target in `target_shards` shards (3/4), draft 1 file (1/4)."""
     make_tree(root, name="bench-spec")
     rng = np.random.default_rng(0)
     (root / "target" / "model.safetensors").unlink()
     target = (size_mib * 3 // 4) << 20
-    shards = {"target/model-00001-of-00002.safetensors": target // 2, "target/model-00002-of-00002.safetensors": target - target // 2,
-              "draft/model.safetensors": (size_mib << 20) - target}
+    n_shards = max(1, target_shards)
+    shards = {f"target/model-{i + 1:05d}-of-{n_shards:05d}.safetensors": target // n_shards + (target % n_shards if i == 0 else 0) for i in range(n_shards)}
+    shards["draft/model.safetensors"] = (size_mib << 20) - target
     for name, n in shards.items():
         save_file({"weight": np.frombuffer(rng.bytes(n), dtype=np.uint8)}, str(root / name))
     return root
@@ -89,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--target-shards", type=int, default=2, help="files the target's weights are split into (model_signing hashes files in parallel; a layer is one sha256 stream)")
     args = parser.parse_args()
 
     import model_signing
@@ -105,7 +107,7 @@ def main() -> None:
         tmp = Path(tmp_s)
         _bundle("keygen", "-o", str(tmp / "keys"))
         key, pub = tmp / "keys" / "bundle.key", tmp / "keys" / "bundle.pub"
-        tree = _big_tree(tmp / "ctx", args.size_mib)
+        tree = _big_tree(tmp / "ctx", args.size_mib, args.target_shards)
         store_dir = tmp / "store"
         _bundle("pack", str(tree), "-t", REF, "--key", str(key), "--store", str(store_dir))
         shutil.rmtree(tree)  # keep the peak disk use at two copies
