@@ -1,15 +1,17 @@
-"""`bundle run`: verify (never skipped), extract into a private read-only directory, then hand over to the runner."""
+"""`bundle run` and `bundle bench`: verify (never skipped), extract into a private read-only directory, then
+hand over to the runner."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from bundler.refs import Ref
 from bundler.store import Store
 from bundler.unpack import extract_verified
-from bundler.verify import verify_bundle
+from bundler.verify import VerifyReport, verify_bundle
 
 
 def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -20,54 +22,50 @@ def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
-def run_bundle(
-    store: Store,
-    ref: Ref,
-    trusted: Mapping[str, Any],
-    prompt: str,
-    on_text: Callable[[str], None] | None = None,
-    **options: Any,
-) -> dict[str, Any]:
-    """Verify the bundle, then decode; raises the first BundleError (before any weights are loaded)."""
-    from runner.run import run_unpacked  # torch is imported only when a bundle runs
-
+@contextlib.contextmanager
+def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterator[tuple[Path, VerifyReport]]:
+    """Verify the bundle (a trusted signature required), then extract it into a private read-only temp
+    directory, each file hashed while written; removed afterwards."""
     report = verify_bundle(store, ref, trusted)
     report.raise_for_error()
-    mk = report.modelkit
-    assert mk is not None and report.claims is not None
     with tempfile.TemporaryDirectory(prefix="specbundle-run-") as tmp:
         root = Path(tmp) / "bundle"
-        # A private, read-only copy extracted from the verified blobs, each file hashed while written;
-        # the weights are hashed again as they are loaded, so nothing can be swapped in between.
         extract_verified(store, report, root, read_only=True)
         try:
-            result = run_unpacked(
-                root, mk.kitfile.role_paths(), runner_params(mk.kitfile.parameters), prompt,
-                verified_files=report.claims.files, on_text=on_text, **options,
-            )
+            yield root, report
         finally:
             for path in [root, *root.rglob("*")]:
                 if path.is_dir():
                     path.chmod(0o755)  # so the temp dir can be removed
-    return {"ok": True, "bundle": {"ref": str(ref), "digest": mk.digest, "signer": report.signer}, **result, "error": None}
+
+
+def _runner_args(report: VerifyReport) -> dict[str, Any]:
+    mk = report.modelkit
+    assert mk is not None and report.claims is not None
+    # The runner hashes the weights again as it loads them, against the signed list: nothing can be
+    # swapped between verification and loading.
+    return {"roles": mk.kitfile.role_paths(), "params": runner_params(mk.kitfile.parameters), "verified_files": report.claims.files}
+
+
+def _bundle_info(ref: Ref, report: VerifyReport) -> dict[str, Any]:
+    return {"ref": str(ref), "digest": report.digest, "signer": report.signer}
+
+
+def run_bundle(
+    store: Store, ref: Ref, trusted: Mapping[str, Any], prompt: str, on_text: Callable[[str], None] | None = None, **options: Any
+) -> dict[str, Any]:
+    """Verify the bundle, then decode; raises the first BundleError (before any weights are loaded)."""
+    from runner.run import run_unpacked  # torch is imported only when a bundle runs
+
+    with verified_checkout(store, ref, trusted) as (root, report):
+        result = run_unpacked(root, prompt=prompt, on_text=on_text, **_runner_args(report), **options)
+    return {"ok": True, "bundle": _bundle_info(ref, report), **result, "error": None}
 
 
 def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: list[str], **options: Any) -> dict[str, Any]:
     """Verify, extract, then benchmark the pair (runner.bench) on `prompts`."""
     from runner.bench import bench_unpacked
 
-    report = verify_bundle(store, ref, trusted)
-    report.raise_for_error()
-    mk = report.modelkit
-    assert mk is not None and report.claims is not None
-    with tempfile.TemporaryDirectory(prefix="specbundle-bench-") as tmp:
-        root = Path(tmp) / "bundle"
-        extract_verified(store, report, root, read_only=True)
-        try:
-            result = bench_unpacked(root, mk.kitfile.role_paths(), runner_params(mk.kitfile.parameters), prompts,
-                                    verified_files=report.claims.files, **options)
-        finally:
-            for path in [root, *root.rglob("*")]:
-                if path.is_dir():
-                    path.chmod(0o755)
-    return {"bundle": {"ref": str(ref), "digest": mk.digest, "signer": report.signer}, **result}
+    with verified_checkout(store, ref, trusted) as (root, report):
+        result = bench_unpacked(root, prompts=prompts, **_runner_args(report), **options)
+    return {"bundle": _bundle_info(ref, report), **result}

@@ -400,18 +400,31 @@ def heldout_acceptance(model, k: int = 4) -> dict:
     offs = d["offsets"].tolist()
     pos = d["tgt_pos"]
     tidx = d["tokens"].long()[pos + 1]  # the target's greedy tokens themselves
-    match_all, tokens, passes, accepted, drafted = [], 0, 0, 0, 0
+    match_all: list[bool] = []
     per_prompt = []
+    runs: list[list[bool]] = []
     for a, b in zip(offs[:-1], offs[1:]):
         sel = ((pos >= a) & (pos < b)).nonzero().squeeze(1)
         ids = d["tokens"][a:b].long()[None]
         logits = model(input_ids=ids).logits[0, pos[sel] - a]
         m = (logits.argmax(-1) == tidx[sel]).tolist()
         match_all += m
+        runs.append(m)
         per_prompt.append(round(sum(m) / max(1, len(m)), 3))
+    by_k = {kk: loop_yield(runs, kk) for kk in range(1, 6)}
+    return {"acceptance": round(sum(match_all) / len(match_all), 4), "k": k,
+            "tokens_per_pass": by_k[k][0], "loop_acceptance": by_k[k][1],
+            "tokens_per_pass_by_k": {kk: v[0] for kk, v in by_k.items()}, "per_prompt": per_prompt}
+
+
+def loop_yield(runs: list[list[bool]], k: int) -> tuple[float, float]:
+    """Tokens per target pass and draft acceptance of a greedy k-token speculative loop.
+
+    Exact under teacher forcing: drafts are accepted while they match, then the target's pass adds
+    one token of its own."""
+    tokens = passes = accepted = drafted = 0
+    for m in runs:
         i = 0
-        # Greedy speculative loop, exact under teacher forcing: accept drafts while they match, then
-        # the target's pass adds one token of its own.
         while i < len(m):
             n = 0
             while n < k and i + n < len(m) and m[i + n]:
@@ -421,9 +434,7 @@ def heldout_acceptance(model, k: int = 4) -> dict:
             i += n + 1
             passes += 1
         tokens += len(m)
-    return {"acceptance": round(sum(match_all) / len(match_all), 4), "k": k,
-            "tokens_per_pass": round(tokens / passes, 3), "loop_acceptance": round(accepted / max(1, drafted), 4),
-            "per_prompt": per_prompt}
+    return round(tokens / passes, 3), round(accepted / max(1, drafted), 4)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
