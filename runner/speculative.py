@@ -213,11 +213,20 @@ def _adapt(k: int, drafted: int, n: int, max_k: int) -> int:
     return k
 
 
-def _guard(stats: Stats, max_k: int, min_acceptance: float, below: int) -> tuple[int, str | None]:
-    """Predicts the speed-up from what was measured; a reason to fall back once it stays below 1."""
-    if stats.speculative_iterations < WARMUP_ITERATIONS or stats.cost_ratio is None or stats.verify_cost_ratio is None:
+def parameter_costs(target, draft) -> tuple[float, float]:
+    """A cost model that needs no clock: a draft step costs its share of the parameters, a verify pass one step."""
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return count(draft) / count(target), 1.0
+
+
+def _guard(stats: Stats, max_k: int, min_acceptance: float, below: int, costs: tuple[float, float] | None = None) -> tuple[int, str | None]:
+    """Predicts the speed-up from what was measured; a reason to fall back once it stays below 1.
+
+    `costs` (draft step, verify pass, in target steps) replaces the timed ones when given."""
+    cost, verify = costs or (stats.cost_ratio, stats.verify_cost_ratio)
+    if stats.speculative_iterations < WARMUP_ITERATIONS or cost is None or verify is None:
         return below, None
-    acceptance, cost, verify = stats.acceptance, stats.cost_ratio, stats.verify_cost_ratio
+    acceptance = stats.acceptance
     speedup, _k = best_predicted_speedup(acceptance, cost, verify, max_k)
     stats.predicted_speedup = speedup
     rate = stats.acceptance_rate or 0.0
@@ -263,6 +272,8 @@ def generate_speculative(
     verify = verify_greedy if sampler.greedy else verify_sampled
     sync, eos, stats, tokens = _synchronizer(device), set(eos_ids), Stats(), []
     k, max_k, below = max(draft_tokens, 1), 2 * max(draft_tokens, 1), 0
+    # A seeded sample must not depend on the clock: when to fall back is then decided without timings.
+    costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
     start = time.perf_counter()
     target_cache, draft_cache = _new_cache(target), _new_cache(draft)
     last = _prefill(target, ids, target_cache, stats)
@@ -307,7 +318,7 @@ def generate_speculative(
         if kk and adaptive:
             k = _adapt(k, kk, n, max_k)
         if kk and guard and not stats.fallback:
-            below, reason = _guard(stats, max_k, min_acceptance, below)
+            below, reason = _guard(stats, max_k, min_acceptance, below, costs)
             if reason:
                 stats.fallback = {"at_token": len(tokens), "reason": reason}
     stats.new_tokens, stats.elapsed_s, stats.draft_tokens_final = len(tokens), time.perf_counter() - start, k
