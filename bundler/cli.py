@@ -239,16 +239,22 @@ def list_(store: Store) -> None:
 @main.command()
 @click.argument("ref")
 @click.option("-d", "--dir", "dest", required=True, type=click.Path(), help="Directory to extract into (new or empty).")
+@click.option("--signature", "signature_out", type=click.Path(dir_okay=False), help="Also write the verified signature (Sigstore bundle JSON) here, outside DIR, for `model_signing verify`.")
 @_trust_options
 @command
-def unpack(store: Store, ref: str, dest: str, key_paths: tuple[str, ...], allow_unsigned: bool) -> None:
+def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_paths: tuple[str, ...], allow_unsigned: bool) -> None:
     """Verify, then extract the bundle into DIR; never writes outside it."""
     from bundler.unpack import unpack as do_unpack
 
+    if signature_out and Path(signature_out).resolve().is_relative_to(Path(dest).resolve()):
+        raise BundleError("usage", f"--signature {signature_out} is inside {dest}: model_signing would count it as a file of the bundle")
     for tick in _progress():
         result = do_unpack(store, parse_ref(ref), Path(dest), _trusted(key_paths), allow_unsigned, progress=tick)
     who = f"signed by {result.report.signer}" if result.report.signer else "UNSIGNED (integrity only)"
     click.echo(f"unpacked {result.files} files to {result.dest} ({who})")
+    if signature_out and result.report.signature_json:
+        Path(signature_out).write_bytes(result.report.signature_json)
+        click.echo(f"signature: {signature_out}")
 
 
 def _format_stats(stats: dict[str, Any]) -> str:

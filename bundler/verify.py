@@ -49,6 +49,7 @@ class VerifyReport:
     modelkit: ModelKit | None = None
     files: dict[str, int] = field(default_factory=dict)  # path -> size, every file of every layer
     claims: signature.SignedClaims | None = None
+    signature_json: bytes | None = None  # the Sigstore bundle that verified
     tokenizer_hashes: dict[str, str] = field(default_factory=dict)
     unsigned: bool = False
 
@@ -110,7 +111,7 @@ def verify_bundle(
             report.unsigned = True
             report.checks.append(Check("signature", True, "skipped (--allow-unsigned): integrity checked, origin NOT verified"))
             return report
-        claims = check("signature", lambda: _signature(store, mk, trusted))
+        claims, report.signature_json = check("signature", lambda: _signature(store, mk, trusted))
         report.claims, report.signer = claims, claims.key_id
         # Name and version first, then the file names, then the digests: so a signature taken from another
         # bundle says so, and an added, removed or renamed file is named rather than shown as "another manifest".
@@ -179,7 +180,7 @@ def _tokenizer_files(mk: ModelKit, hashes: Mapping[str, str]) -> tuple[None, str
     return None, f"{len(reference)} tokenizer files; {compared} copies in model roles identical"
 
 
-def _signature(store: Store, mk: ModelKit, trusted: Mapping[str, Any]) -> tuple[signature.SignedClaims, str]:
+def _signature(store: Store, mk: ModelKit, trusted: Mapping[str, Any]) -> tuple[tuple[signature.SignedClaims, bytes], str]:
     found = find_signatures(store, mk.digest)
     if not found:
         raise BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
@@ -187,7 +188,7 @@ def _signature(store: Store, mk: ModelKit, trusted: Mapping[str, Any]) -> tuple[
     for _, payload in found:
         try:
             claims = signature.verify(payload, trusted)
-            return claims, f"ECDSA P-256 signature by trusted key {claims.key_id[:16]}…"
+            return (claims, payload), f"ECDSA P-256 signature by trusted key {claims.key_id[:16]}…"
         except BundleError as err:
             # Prefer telling "untrusted" over "invalid": it is the one a user can act on.
             if first_error is None or (err.code == "untrusted-signer" and first_error.code != "untrusted-signer"):

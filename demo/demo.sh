@@ -40,7 +40,8 @@ fi
 step "5. verify"
 $BUNDLE verify $REF --key $KEY
 
-step "6. inspect"
+step "6. list and inspect"
+$BUNDLE list
 $BUNDLE inspect $REF --key $KEY
 
 step "7. run (speculative, greedy, bf16)"

@@ -170,3 +170,22 @@ def test_model_signing_leaves_out_only_top_level_git_paths(model_dir, keypair, t
     on_disk = set(_file_digests(model_dir))
     assert on_disk - signed == {".gitignore", ".git/HEAD"}
     assert {"target/.gitattributes", "tokenizer/sub/.hidden"} <= signed
+
+
+def test_model_signing_verifies_bundle_unpack_output_end_to_end(tmp_path: Path, keypair) -> None:
+    """pack --key, unpack --signature, then the model_signing CLI verifies the unpacked tree; one byte changed, it refuses."""
+    from bundletree import make_tree
+    from conftest import run_bundle
+
+    make_tree(tmp_path / "ctx")
+    store = str(tmp_path / "store")
+    run_bundle("pack", str(tmp_path / "ctx"), "-t", "tiny-spec:1.0.0", "--key", str(keypair[0]), "--store", store, check=True)
+    out, sig = tmp_path / "out", tmp_path / "bundle.sig"
+    run_bundle("unpack", "tiny-spec:1.0.0", "-d", str(out), "--signature", str(sig), "--key", str(keypair[1]), "--store", store, check=True)
+    cli = [str(Path(sys.executable).parent / "model_signing"), "verify", "key", str(out), "--signature", str(sig), "--public_key", str(keypair[1])]
+    assert subprocess.run(cli, capture_output=True).returncode == 0
+    weights = out / "draft" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert subprocess.run(cli, capture_output=True).returncode != 0
