@@ -18,7 +18,7 @@ step "2. the bundle context: target, distilled draft (demo/draft), tokenizer, Ki
 rm -rf $WORK/ctx && mkdir -p $WORK/ctx
 cp -al "$PWD/$WORK/target" $WORK/ctx/target
 cp -al "$PWD/$WORK/tokenizer" $WORK/ctx/tokenizer
-mkdir $WORK/ctx/draft && cp -l demo/draft/config.json demo/draft/*.safetensors $WORK/ctx/draft/
+mkdir $WORK/ctx/draft && cp -l demo/draft/config.json demo/draft/draft_vocab.json demo/draft/*.safetensors $WORK/ctx/draft/
 cp demo/Kitfile $WORK/ctx/Kitfile
 cp demo/BUNDLE_README.md $WORK/ctx/README.md
 ls -l $WORK/ctx/*

@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from draft_vocab import write_draft_vocab  # noqa: E402
+
 DEMO = Path(__file__).resolve().parent
 WORK = DEMO / "work"
 INIT_DIR = WORK / "init"
@@ -33,6 +36,7 @@ def main() -> int:
     ap.add_argument("--ckpt", default="best.pt", help="checkpoint file in demo/work/ckpt/")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--out", default=str(DRAFT_DIR))
+    ap.add_argument("--vocab-size", type=int, default=16384, help="ids in draft_vocab.json (the draft head's vocabulary)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("DEMO_THREADS", "1")))
     ck = torch.load(CKPT_DIR / args.ckpt, weights_only=False, map_location="cpu")
@@ -45,6 +49,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".draft-"))
     model.save_pretrained(str(tmp), safe_serialization=True)
     GenerationConfig.from_pretrained(str(TARGET_DIR if TARGET_DIR.exists() else INIT_DIR)).save_pretrained(str(tmp))
+    write_draft_vocab(tmp, args.vocab_size)
     tmp.chmod(0o755)
     for p in tmp.iterdir():
         p.chmod(0o644)

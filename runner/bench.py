@@ -13,8 +13,9 @@ import torch
 
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
-from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight
-from runner.speculative import generate_plain, generate_speculative
+from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, with_draft_vocab
+from runner.metrics import Stats
+from runner.speculative import _logits, _new_cache, _prefill, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
 
 PLAIN_DTYPES = ("float32", "bfloat16")
@@ -73,16 +74,25 @@ def bf16_step(value: float) -> float:
 
 
 def first_difference(target, prompt: list[int], expected: list[int], got: list[int], dtype: str) -> dict[str, Any] | None:
-    """Where `got` leaves the target's own output, and whether the target's top two logits tie there."""
+    """Where `got` leaves the target's own output, and whether the target's top two logits tie there.
+
+    The logits are those of the target-alone run itself: its path (prefill, then one token per step) is
+    replayed up to the first difference, so the gap is measured in the numerics that chose `expected`."""
     i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
     if i is None:
         return None if len(expected) == len(got) else {"position": min(len(expected), len(got)), "tie": False, "gap": None}
     with torch.inference_mode():
-        logits = target(torch.tensor([prompt + expected[:i]], device=target.device)).logits[0, -1].float()
+        ids = torch.tensor(prompt + expected[:i], device=target.device)
+        cache = _new_cache(target)
+        last = _prefill(target, ids[: len(prompt)], cache, Stats())
+        for token in ids[len(prompt):]:
+            _logits(target, last, cache, last_only=True)
+            last = token.view(1)
+        logits = _logits(target, last, cache, last_only=True)[-1].float()
     top2 = torch.topk(logits, 2).values.tolist()
     gap = top2[0] - top2[1]
     step = bf16_step(top2[0]) if dtype == "bfloat16" else 0.0
-    return {"position": i, "tie": gap <= step, "gap": gap, "top_logit": top2[0]}
+    return {"position": i, "tie": gap <= step, "gap": gap, "gap_bf16_steps": round(gap / bf16_step(top2[0]), 2), "top_logit": top2[0]}
 
 
 def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) -> float:
@@ -122,7 +132,8 @@ def bench_unpacked(
     eos = _eos_ids(tokenizer, dirs["target"])
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
     load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]))  # noqa: E731
-    target, draft = load("target", dtype), load("draft", dtype)
+    target, plain_draft = load("target", dtype), load("draft", dtype)
+    draft = with_draft_vocab(plain_draft, checked)  # ours; transformers' assisted generation gets the plain draft
 
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
     ours = lambda x: (lambda r: (r.tokens, r.stats))(  # noqa: E731
@@ -141,9 +152,9 @@ def bench_unpacked(
     say("bundle run (speculative)")
     runs["bundle"] = _timed(ids, ours)
     say("transformers assisted generation, its defaults")
-    runs["hf_assisted_default"] = _timed(ids, _hf_assisted(target, draft, eos, max_new_tokens, None))
+    runs["hf_assisted_default"] = _timed(ids, _hf_assisted(target, plain_draft, eos, max_new_tokens, None))
     say(f"transformers assisted generation, k={k} constant")
-    runs["hf_assisted_k"] = _timed(ids, _hf_assisted(target, draft, eos, max_new_tokens, k))
+    runs["hf_assisted_k"] = _timed(ids, _hf_assisted(target, plain_draft, eos, max_new_tokens, k))
     for other in PLAIN_DTYPES:
         if other != dtype:
             say(f"target alone ({other})")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bundler.errors import BundleError
+from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.loading import check_weight_files, load_model
 from runner.modelinfo import estimate_memory, read_config
 from runner.pairing import check_memory, check_pairing
@@ -103,7 +104,18 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping) -> dict:
     for role in ("target", "draft"):
         check_config_agrees(dirs[role], tokenizer_dir, role)
     pairing = check_pairing(dirs["target"], dirs["draft"], params)
-    return {"dirs": dirs, "tokenizer_dir": tokenizer_dir, "fingerprint": fingerprint, "pairing": pairing}
+    draft_vocab = None
+    if params.get("draft_vocab"):
+        path = (dirs["draft"] / str(params["draft_vocab"])).resolve()
+        if not path.is_relative_to(dirs["draft"].resolve()) or not path.is_file():
+            raise BundleError("invalid-bundle", f"draft_vocab {params['draft_vocab']!r} is not a file in the draft directory")
+        draft_vocab = read_draft_vocab(path, load_spec(tokenizer_dir).vocab_size)
+    return {"dirs": dirs, "tokenizer_dir": tokenizer_dir, "fingerprint": fingerprint, "pairing": pairing, "draft_vocab": draft_vocab}
+
+
+def with_draft_vocab(draft, checked: Mapping):
+    """The draft, scoring only the bundle's draft vocabulary when it names one."""
+    return SubsetHeadDraft(draft, checked["draft_vocab"]) if checked.get("draft_vocab") else draft
 
 
 def run_unpacked(
@@ -148,8 +160,8 @@ def run_unpacked(
     check_memory(memory, memory_budget, device)
     target = load_model(dirs["target"], dtype, device, role="target",
                         expected_sha256=_verified_digests(verified_files, roles["target"]))
-    draft = load_model(dirs["draft"], dtype, device, role="draft",
-                       expected_sha256=_verified_digests(verified_files, roles["draft"]))
+    draft = with_draft_vocab(load_model(dirs["draft"], dtype, device, role="draft",
+                                        expected_sha256=_verified_digests(verified_files, roles["draft"])), checked)
     stream = _TextStream(tokenizer, on_text) if on_text else None
     result = generate_speculative(
         target,
