@@ -52,6 +52,8 @@ class Stats:
     verifies_timed: int = 0
     step_time_s: float = 0.0  # timed single-token target steps: what plain decoding costs per token
     steps_timed: int = 0
+    spec_time_s: float = 0.0  # wall time of speculative iterations (draft steps + verify pass)
+    spec_tokens: int = 0  # tokens they produced (accepted drafts + the target's own)
     elapsed_s: float = 0.0
     draft_tokens_final: int | None = None
     predicted_speedup: float | None = None  # the guard's last prediction (best k)
@@ -111,6 +113,12 @@ class Stats:
         return verify / step if verify is not None and step else None
 
     @property
+    def realized_speedup(self) -> float | None:
+        """Tokens/s of the speculative iterations so far over tokens/s of the timed plain steps."""
+        spec, step = _mean(self.spec_time_s, self.spec_tokens), _mean(self.step_time_s, self.steps_timed)
+        return step / spec if spec and step else None
+
+    @property
     def tokens_per_second(self) -> float | None:
         return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else None
 
@@ -133,5 +141,6 @@ class Stats:
             "cost_ratio": self.cost_ratio,
             "verify_cost_ratio": self.verify_cost_ratio,
             "predicted_speedup": self.predicted_speedup,
+            "realized_speedup": self.realized_speedup,
             "draft_tokens_final": self.draft_tokens_final,
         }
