@@ -69,3 +69,13 @@ def other_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     from bundler.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("other-keys"))
+
+
+def assert_matches_schema(obj: object, name: str) -> None:
+    """The object satisfies schemas/<name>.schema.json (the contract's JSON shapes)."""
+    import json as _json
+
+    import jsonschema
+
+    schema = _json.loads((Path(__file__).parent.parent / "schemas" / f"{name}.schema.json").read_text())
+    jsonschema.validate(obj, schema)

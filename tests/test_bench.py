@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import run_bundle
+from conftest import assert_matches_schema, run_bundle
 from runner.bench import bf16_step, break_even_acceptance, first_difference
 from runner.metrics import best_predicted_speedup
 from runner.speculative import generate_plain
@@ -22,6 +22,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Pa
     prompts.write_text('{"prompt": "hello world"}\n{"prompt": "a second prompt"}\n')
     result = run_bundle("bench", "tiny:1", "--prompts", str(prompts), "--max-new-tokens", "10", "--key", str(keypair[1]), "--store", store, "--json", check=True)
     out = json.loads(result.out)
+    assert_matches_schema(out, "bench-report")
     for run in ("target_only", "hf_assisted", "bundle", "hf_assisted_default", "hf_assisted_k", "target_only_float32", "target_only_bfloat16"):
         assert out["runs"][run]["tokens_per_second"] > 0
     for key in ("speedup_vs_target", "speedup_vs_hf_assisted", "acceptance_rate", "cost_ratio", "theoretical_speedup", "identical_output",

@@ -23,7 +23,7 @@ import pytest
 from attacker import StoreEditor, build_tar, file_entry, flip, read_members, special_entry, with_content
 from bundler.keys import key_id, load_public_key
 from bundletree import make_tree, tokenizer_json
-from conftest import Result, run_bundle, tree_digest
+from conftest import Result, assert_matches_schema, run_bundle, tree_digest
 
 REF = "tiny-spec:1.0.0"
 NEWER = "tiny-spec:1.1.0"
@@ -552,6 +552,7 @@ def test_verify_json_on_a_good_signed_bundle(attack: Attack) -> None:
     result = attack.verify("--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)
+    assert_matches_schema(report, "verify-report")
     assert report["ok"] is True and report["error"] is None
     assert report["ref"] == REF and report["digest"] == attack.edit.manifest_digest(REF)
     assert report["signer"]["key_id"] == key_id(load_public_key(attack.base.pub))
@@ -564,6 +565,7 @@ def test_verify_json_on_a_failure_names_the_error(attack: Attack) -> None:
     result = attack.verify("--json")
     assert result.code == INTEGRITY
     report = json.loads(result.out)
+    assert_matches_schema(report, "verify-report")
     assert report["ok"] is False and report["signer"] is None
     assert report["error"]["code"] == "signature-missing" and report["error"]["message"]
     assert report["checks"][-1] == {"name": "signature", "ok": False, "detail": report["error"]["message"]}

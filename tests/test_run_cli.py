@@ -16,7 +16,7 @@ from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref
 from bundler.runbundle import run_bundle as run_in_process
 from bundler.store import Store
-from conftest import run_bundle
+from conftest import assert_matches_schema, run_bundle
 from tests.tinymodels import make_pair, write_tokenizer, train_tokenizer
 
 REF = "tiny-spec:1.0.0"
@@ -57,6 +57,7 @@ def test_run_json_reports_the_bundle_that_ran(signed: dict[str, Path], keypair: 
     result = run_bundle("run", REF, "--prompt", "hello world", "--max-new-tokens", "12", "--key", str(keypair[1]),
                         "--store", str(signed["store"]), "--json", check=True)
     out = json.loads(result.out)
+    assert_matches_schema(out, "run-report")
     mk = load_modelkit(Store(signed["store"]), parse_ref(REF))
     assert out["ok"] is True and out["error"] is None
     assert out["bundle"] == {"ref": REF, "digest": mk.digest, "signer": key_id(load_public_key(keypair[1]))}
@@ -90,6 +91,7 @@ def test_run_refuses_a_tampered_bundle(signed: dict[str, Path], tmp_path: Path, 
     result = run_bundle("run", REF, "--prompt", "x", "--key", str(keypair[1]), "--store", str(store), "--json")
     assert result.code == 3
     assert json.loads(result.out)["error"]["code"] == "digest-mismatch"
+    assert_matches_schema(json.loads(result.out), "run-report")
     assert result.err.startswith("error: [digest-mismatch] ")
 
 
