@@ -106,6 +106,19 @@ def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) ->
     return hi
 
 
+def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
+    """One prompt: tokens, the speed-up over the target alone, and how well the draft did."""
+    plain, ours = runs["target_only"], runs["bundle"]
+    return {
+        "prompt": i,
+        "new_tokens": len(ours.tokens[i]),
+        "speedup_vs_target": round((len(ours.tokens[i]) / stats.elapsed_s) / (len(plain.tokens[i]) / plain.stats[i].elapsed_s), 3),
+        "per_token_acceptance": round(stats.acceptance or 0.0, 3),
+        "mean_accepted_length": round(stats.mean_accepted_length or 0.0, 3),
+        "fallback_at": stats.fallback["at_token"] if stats.fallback else None,
+    }
+
+
 def bench_unpacked(
     root: Path,
     roles: Mapping[str, str],
@@ -198,6 +211,7 @@ def bench_unpacked(
         "exactly_identical": all(d is None for d in differences),
         "differences": [{"prompt": i, **d} for i, d in enumerate(differences) if d],
         "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(stats) if s.fallback],
+        "per_prompt": [_per_prompt(i, runs, s) for i, s in enumerate(stats)],
         "prompts": len(ids),
         "max_new_tokens": max_new_tokens,
         "dtype": dtype,
