@@ -2,7 +2,8 @@
 # Decoding benchmarks on the demo pair (after `make demo`): `bundle bench` on the demo bundle, and on a
 # copy whose draft is the untrained initial draft (a draft that does not pay: the guard's case).
 # Writes benchmarks/results/bench-demo.json and bench-untrained.json.
-#   bash benchmarks/decode.sh [--limit N] [--max-new-tokens N]
+#   bash benchmarks/decode.sh [bench options, default: --prompts benchmarks/prompts-quick.jsonl --max-new-tokens 256]
+# (prompts-quick.jsonl: 4 chat and 4 code prompts of the 24 held-out ones in prompts.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=.venv/bin/bundle
@@ -10,7 +11,7 @@ WORK=demo/work
 export BUNDLE_HOME=$WORK/store PYTHONWARNINGS=ignore
 KEY=$WORK/keys/bundle.pub
 ARGS=("$@")
-[ ${#ARGS[@]} -gt 0 ] || ARGS=(--limit 8 --max-new-tokens 256)
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(--prompts benchmarks/prompts-quick.jsonl --max-new-tokens 256)
 mkdir -p benchmarks/results
 
 $BUNDLE bench smollm2-spec:1.0.0 --key $KEY --json "${ARGS[@]}" > benchmarks/results/bench-demo.json
