@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from bundler.refs import Ref
 from bundler.store import Store
-from bundler.unpack import extract_verified
+from bundler.unpack import extract_verified, make_writable
 from bundler.verify import VerifyReport, verify_bundle
 
 
@@ -34,9 +34,7 @@ def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Ite
         try:
             yield root, report
         finally:
-            for path in [root, *root.rglob("*")]:
-                if path.is_dir():
-                    path.chmod(0o755)  # so the temp dir can be removed
+            make_writable(root)  # so the temp dir can be removed
 
 
 def _runner_args(report: VerifyReport) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -11,6 +12,7 @@ from bundler.errors import BundleError
 from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
 from bundler.modelkit import ModelKit
 from bundler.store import Store
+from bundler.tarlayer import iter_layer
 
 EMPTY_CONFIG = b"{}"
 DEFAULT_VALID_DAYS = 365
@@ -26,24 +28,19 @@ class SignResult:
 def signed_fields(mk: ModelKit, roles: Mapping[str, str], valid_days: float, now: dt.datetime | None = None) -> dict[str, Any]:
     """Our fields in the model-signing predicate: what this signature vouches for, and until when."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    stamp = lambda t: t.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
     return {
         "name": mk.kitfile.name,
         "version": mk.kitfile.version,
         "manifest_digest": mk.digest,
         "config_digest": mk.config_desc.digest,
         "roles": dict(sorted(roles.items())),
-        "created": stamp(now),
-        "expires": stamp(now + dt.timedelta(days=valid_days)),
+        "created": signature.format_time(now),
+        "expires": signature.format_time(now + dt.timedelta(days=valid_days)),
     }
 
 
 def file_hashes(store: Store, mk: ModelKit) -> tuple[dict[str, str], dict[str, str]]:
     """(path -> sha256, path -> role) of every file in the bundle, read from its layers."""
-    import hashlib
-
-    from bundler.tarlayer import iter_layer
-
     hashes: dict[str, str] = {}
     roles: dict[str, str] = {}
     for spec, desc in mk.layers:

@@ -61,7 +61,7 @@ def extract_verified(store: Store, report: VerifyReport, dest: Path, read_only: 
             dest.rmdir()  # empty, checked above
         os.replace(tmp, dest)
     except BaseException:
-        _make_writable(tmp)
+        make_writable(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return count
@@ -76,7 +76,8 @@ def _make_read_only(root: Path) -> None:
             os.chmod(os.path.join(dirpath, name), 0o555)
 
 
-def _make_writable(root: Path) -> None:
+def make_writable(root: Path) -> None:
+    """Undo the read-only directory modes below root, so it can be removed."""
     for dirpath, dirnames, _ in os.walk(root):
         for name in dirnames:
             os.chmod(os.path.join(dirpath, name), 0o755)

@@ -226,15 +226,11 @@ def _files(files: Mapping[str, int], claims: signature.SignedClaims) -> tuple[No
     return None, f"{len(files)} files, exactly the signed list"
 
 
-def _parse_time(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def _expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str]:
     expires = claims.bundle.get("expires")
     if not expires:
         return None, "no expiry in the signature"
-    if _parse_time(expires) <= now:
+    if signature.parse_time(expires) <= now:
         raise BundleError("expired", f"signature expired at {expires}")
     return None, f"valid until {expires}"
 
