@@ -283,7 +283,7 @@ def cmd_gen(args: argparse.Namespace) -> int:
     # Chat shards are named by their first prompt's index, so a run with another --batch resumes cleanly.
     n_chat = len(prompts)
     n_text = math.ceil(len(chunks) / args.text_batch)
-    chat_i = text_i = 0
+    chat_i, text_i = args.from_prompt, 0
     while time.time() - t0 < args.minutes * 60:
         while chat_i < n_chat and (DATA_DIR / f"chat-{chat_i:05d}.safetensors").exists():
             chat_i += len(load_file(str(DATA_DIR / f"chat-{chat_i:05d}.safetensors"))["offsets"]) - 1
@@ -449,6 +449,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             return 1
         time.sleep(20)  # `gen` has not written its first shard yet
     model = AutoModelForCausalLM.from_pretrained(str(INIT_DIR), dtype=torch.float32)
+    if args.init and not (CKPT_DIR / "last.pt").exists():
+        # Continue from an exported draft (e.g. the committed demo/draft) when its checkpoints are gone.
+        model.load_state_dict(AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32).state_dict())
+        log({"event": "init", "from": args.init})
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     state = {"step": 0, "train_s": 0.0, "best": -1.0, "tokens_seen": 0}
@@ -571,9 +575,12 @@ def main() -> int:
     g.add_argument("--minutes", type=float, default=90)
     g.add_argument("--batch", type=int, default=64, help="prompts per chat shard (one generate call)")
     g.add_argument("--text-batch", type=int, default=32, help="text chunks per text shard")
+    g.add_argument("--from-prompt", type=int, default=0,
+                   help="first training prompt to answer (a later session's new data starts past the old)")
     g.add_argument("--text-every", type=int, default=2, help="chat shards per text shard")
     t = sub.add_parser("train", help="train the draft")
     t.add_argument("--minutes", type=float, default=90)
+    t.add_argument("--init", default=None, help="start from this draft directory when there is no checkpoint")
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--warmup", type=int, default=30)
     t.add_argument("--tokens", type=int, default=3072, help="tokens per batch")

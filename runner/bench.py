@@ -41,8 +41,8 @@ class Run:
         return {"tokens_per_second": round(self.tokens_per_second, 2), "new_tokens": self.new_tokens, "seconds": round(self.seconds, 3)}
 
 
-def _timed(prompts: Sequence[list[int]], generate: Callable[[list[int]], tuple[list[int], Any]]) -> Run:
-    run = Run()
+def _timed(prompts: Sequence[list[int]], generate: Callable[[list[int]], tuple[list[int], Any]], into: Run | None = None) -> Run:
+    run = into or Run()
     for ids in prompts:
         start = time.perf_counter()
         tokens, stats = generate(ids)
@@ -151,30 +151,29 @@ def bench_unpacked(
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
     ours = lambda x: (lambda r: (r.tokens, r.stats))(  # noqa: E731
         generate_speculative(target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
-                             eos_ids=eos, min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)), vocab_size=vocab)
+                             draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos, min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)), vocab_size=vocab)
     )
+    others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
+    methods: dict[str, Callable[[list[int]], tuple[list[int], Any]]] = {
+        "target_only": plain(target),
+        "bundle": ours,
+        "hf_assisted_default": _hf_assisted(target, plain_draft, eos, max_new_tokens, None),
+        "hf_assisted_k": _hf_assisted(target, plain_draft, eos, max_new_tokens, k),
+        **{f"target_only_{other}": plain(model) for other, model in others.items()},
+    }
     say("warming up")
-    warm = ids[:1]
-    _timed(warm, lambda x: (generate_plain(target, x, 8, eos_ids=eos).tokens, None))
-    _timed(warm, lambda x: (generate_plain(draft, x, 8, eos_ids=eos).tokens, None))
-    runs: dict[str, Run] = {}
-    say(f"target alone ({dtype})")
-    runs["target_only"] = _timed(ids, plain(target))
-    say(f"draft alone ({dtype}), for the cost ratio")
-    runs["draft_only"] = _timed(ids[:2], plain(draft))
-    say("bundle run (speculative)")
-    runs["bundle"] = _timed(ids, ours)
-    say("transformers assisted generation, its defaults")
-    runs["hf_assisted_default"] = _timed(ids, _hf_assisted(target, plain_draft, eos, max_new_tokens, None))
-    say(f"transformers assisted generation, k={k} constant")
-    runs["hf_assisted_k"] = _timed(ids, _hf_assisted(target, plain_draft, eos, max_new_tokens, k))
-    for other in PLAIN_DTYPES:
-        if other != dtype:
-            say(f"target alone ({other})")
-            other_target = load("target", other)
-            _timed(warm, lambda x: (generate_plain(other_target, x, 8, eos_ids=eos).tokens, None))
-            runs[f"target_only_{other}"] = _timed(ids, plain(other_target))
-            del other_target
+    for model in (target, draft, *others.values()):
+        generate_plain(model, ids[0], 8, eos_ids=eos)
+    # Prompt by prompt, every method in turn (the order rotating): a machine that speeds up or slows down
+    # during the bench (other load, clocks) then moves every method alike, and the ratios stay fair.
+    runs: dict[str, Run] = {name: Run() for name in methods}
+    names = list(methods)
+    for i, x in enumerate(ids):
+        say(f"prompt {i + 1}/{len(ids)}: " + ", ".join(names))
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            _timed([x], methods[name], into=runs[name])
+    runs["draft_only"] = _timed(ids[:2], plain(draft))  # for the cost ratio
+    del others
     runs[f"target_only_{dtype}"] = runs["target_only"]
     hf_best = max(("hf_assisted_default", "hf_assisted_k"), key=lambda n: runs[n].tokens_per_second)
     fastest_plain = max((f"target_only_{d}" for d in PLAIN_DTYPES), key=lambda n: runs[n].tokens_per_second)

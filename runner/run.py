@@ -170,6 +170,7 @@ def run_unpacked(
         max_new_tokens,
         draft_tokens=draft_tokens,
         adaptive=bool(params.get("adaptive", True)),
+        draft_confidence=float(params.get("draft_confidence", 0.0)),
         temperature=temperature,
         top_p=top_p,
         seed=seed,

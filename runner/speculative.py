@@ -22,6 +22,10 @@ WARMUP_ITERATIONS = 6  # speculative iterations before the guard judges
 PROBE_STEPS = 2  # single target steps timed early on: the cost of plain decoding, for the prediction
 PROBE_EVERY = 16  # then one more timed plain step every this many speculative iterations
 PATIENCE = 3  # consecutive predictions below 1 before falling back
+DECAY = 0.9  # the guard judges a recent window: its sums decay by this per speculative iteration
+RETRY_AFTER = 16  # after a fallback, plain tokens before a trial of speculation; doubles per failed trial
+RETRY_AFTER_MAX = 256
+TRIAL_ITERATIONS = 4  # speculative iterations a trial lasts before it is judged
 
 
 @dataclass
@@ -148,15 +152,27 @@ def generate_plain(
     return GenerationResult(tokens, stats)
 
 
-def _draft(draft, cache, pending: torch.Tensor, k: int, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """k draft tokens, one draft step each (the first step also runs `pending`); their distributions q."""
-    tokens, dists = [], []
+def _draft(
+    draft, cache, pending: torch.Tensor, k: int, sampler: Sampler, confidence: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Up to k draft tokens, one draft step each (the first step also runs `pending`); their distributions q.
+
+    confidence > 0: stop early once the draft's own probability that the target accepts all of them (the
+    product of the probabilities it gave its tokens) falls below it: a further token would rarely be
+    kept, and a draft step is not free."""
+    tokens, dists, sure = [], [], 1.0
     step_input = pending
     for _ in range(k):
-        token, q = sampler.pick(_logits(draft, step_input, cache, last_only=True))
+        logits = _logits(draft, step_input, cache, last_only=True)
+        token, q = sampler.pick(logits)
         tokens.append(token)
         dists.append(q)
         step_input = token
+        if confidence > 0.0:
+            p = q[0, token] if q is not None else torch.softmax(logits[-1, : sampler.vocab_size].float(), -1).max()
+            sure *= float(p)
+            if sure < confidence:
+                break
     drafts = torch.cat(tokens) if tokens else pending.new_empty(0)
     return drafts, (torch.cat(dists) if dists and not sampler.greedy else None)
 
@@ -206,8 +222,8 @@ def verify_sampled(
 
 
 def _adapt(k: int, drafted: int, n: int, max_k: int) -> int:
-    """Longer drafts after a fully accepted one, shorter after an early rejection."""
-    if n == drafted:
+    """Longer drafts after a full-length draft was accepted, shorter after an early rejection."""
+    if n == drafted == k:
         return min(k + 1, max_k)
     if n < drafted // 2:
         return max(k - 1, 1)
@@ -220,30 +236,73 @@ def parameter_costs(target, draft) -> tuple[float, float]:
     return count(draft) / count(target), 1.0
 
 
-def _guard(stats: Stats, max_k: int, min_acceptance: float, below: int, costs: tuple[float, float] | None = None) -> tuple[int, str | None]:
-    """Predicts the speed-up from what was measured; a reason to fall back once it stays below 1.
+class Guard:
+    """Decides before each iteration whether to draft, and records why it stopped.
 
-    `costs` (draft step, verify pass, in target steps) replaces the timed ones when given."""
-    cost, verify = costs or (stats.cost_ratio, stats.verify_cost_ratio)
-    if stats.speculative_iterations < WARMUP_ITERATIONS or cost is None or verify is None:
-        return below, None
-    acceptance = stats.acceptance or 0.0
-    speedup, _k = best_predicted_speedup(acceptance, cost, verify, max_k)
-    # Acceptance comes in runs (boilerplate, repeated code), which the i.i.d. model under-rates: the
-    # speed-up the loop actually achieved so far counts too (not with a clock-free cost model).
-    realized = None if costs else stats.realized_speedup
-    if realized is not None:
-        speedup = max(speedup, realized)
-    stats.predicted_speedup = speedup
-    if speedup >= 1.0 and acceptance >= min_acceptance:
-        return 0, None
-    if below + 1 < PATIENCE:
-        return below + 1, None
-    if speedup < 1.0:
-        reason = f"predicted speed-up {speedup:.2f} < 1 (acceptance {acceptance:.2f}, cost ratio {cost:.2f})"
-    else:
-        reason = f"acceptance {acceptance:.2f} < min_acceptance {min_acceptance:g}"
-    return below + 1, reason
+    It times a few plain target steps (probes: the baseline), then judges every speculative iteration on a
+    recent window (sums that decay by DECAY per iteration): Leviathan's prediction from the window's
+    acceptance and the measured costs, or the speed-up the loop realized in the window, whichever is
+    higher. Below 1 (or acceptance below min_acceptance) PATIENCE times in a row: plain decoding, then a
+    short trial of speculation after RETRY_AFTER tokens, the wait doubling after each failed trial. Drafts
+    often agree better later in an answer (code after its introduction) than at its start, and a failed
+    trial of a useless draft costs a few draft steps. `costs` (draft step, verify pass, in target steps)
+    replaces the timed ones when given: the decisions then depend on no clock.
+    """
+
+    def __init__(self, stats: Stats, max_k: int, min_acceptance: float, costs: tuple[float, float] | None) -> None:
+        self.stats, self.max_k, self.min_acceptance, self.costs = stats, max_k, min_acceptance, costs
+        self.window = [0.0, 0.0, 0.0, 0.0]  # accepted, rejections, seconds, tokens
+        self.iterations = self.below = 0
+        self.plain_until: int | None = None  # while fallen back: the token count at which a trial starts
+        self.trial = False
+        self.retry_after = RETRY_AFTER
+
+    def drafting(self, produced: int) -> bool:
+        """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
+        stats = self.stats
+        if self.plain_until is not None:
+            if produced < self.plain_until:
+                return False
+            self.plain_until, self.trial, self.window, self.iterations, self.below = None, True, [0.0] * 4, 0, 0
+            stats.fallback["retries"] += 1
+        return stats.speculative_iterations == 0 or not (
+            stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
+        )  # a few plain steps early, then one now and then: the baseline follows the context's growth
+
+    def observe(self, drafted: int, accepted: int, seconds: float, produced: int) -> None:
+        """One speculative iteration; then the verdict, which may switch to plain decoding."""
+        w = self.window
+        self.window = [w[0] * DECAY + accepted, w[1] * DECAY + (accepted < drafted), w[2] * DECAY + seconds,
+                       w[3] * DECAY + accepted + 1]
+        self.iterations += 1
+        stats = self.stats
+        cost, verify = self.costs or (stats.cost_ratio, stats.verify_cost_ratio)
+        if self.iterations < (TRIAL_ITERATIONS if self.trial else WARMUP_ITERATIONS) or cost is None or verify is None:
+            return
+        accepted_w, rejections_w, seconds_w, tokens_w = self.window
+        acceptance = accepted_w / (accepted_w + rejections_w) if accepted_w + rejections_w else 0.0
+        speedup, _k = best_predicted_speedup(acceptance, cost, verify, self.max_k)
+        # Acceptance comes in runs (boilerplate, repeated code), which the i.i.d. model under-rates: the
+        # speed-up the loop actually achieved counts too (not with a clock-free cost model).
+        step = stats.step_time
+        if not self.costs and step and seconds_w:
+            speedup = max(speedup, step * tokens_w / seconds_w)
+        stats.predicted_speedup = speedup
+        if speedup >= 1.0 and acceptance >= self.min_acceptance:
+            if self.trial:
+                stats.fallback["resumed"] += 1
+                self.trial, self.retry_after = False, RETRY_AFTER
+            self.below = 0
+            return
+        self.below += 1
+        if not self.trial and self.below < PATIENCE:
+            return
+        if stats.fallback is None:
+            reason = (f"predicted speed-up {speedup:.2f} < 1 (acceptance {acceptance:.2f}, cost ratio {cost:.2f})"
+                      if speedup < 1.0 else f"acceptance {acceptance:.2f} < min_acceptance {self.min_acceptance:g}")
+            stats.fallback = {"at_token": produced, "reason": reason, "retries": 0, "resumed": 0}
+        self.plain_until, self.trial = produced + self.retry_after, False
+        self.retry_after = min(2 * self.retry_after, RETRY_AFTER_MAX)
 
 
 @torch.inference_mode()
@@ -255,6 +314,7 @@ def generate_speculative(
     *,
     draft_tokens: int = 5,
     adaptive: bool = True,
+    draft_confidence: float = 0.0,
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
@@ -266,9 +326,11 @@ def generate_speculative(
 ) -> GenerationResult:
     """Speculative decoding of `target` with `draft`; the output is distributed exactly as the target's.
 
-    draft_tokens: the first draft length k (adaptive: kept within 1..2*draft_tokens). guard: after a
-    warm-up, fall back to plain decoding for the rest when the predicted speed-up stays below 1 (or the
-    per-token acceptance below `min_acceptance`), recorded in stats.fallback. vocab_size: compare the
+    draft_tokens: the first draft length k (adaptive: kept within 1..2*draft_tokens). draft_confidence:
+    the draft stops early once its probability of the whole proposal falls below this. guard: after a
+    warm-up, fall back to plain decoding when the predicted speed-up stays below 1 (or the per-token
+    acceptance below `min_acceptance`), with trials of speculation now and then (see Guard); the first
+    fallback is recorded in stats.fallback. vocab_size: compare the
     models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens.
     """
     device = target.device
@@ -276,21 +338,20 @@ def generate_speculative(
     sampler = Sampler(temperature, top_p, seed, device, _vocab_size([target, draft], vocab_size))
     verify = verify_greedy if sampler.greedy else verify_sampled
     sync, eos, stats, tokens = _synchronizer(device), set(eos_ids), Stats(), []
-    k, max_k, below = max(draft_tokens, 1), 2 * max(draft_tokens, 1), 0
+    k, max_k = max(draft_tokens, 1), 2 * max(draft_tokens, 1)
     # A seeded sample must not depend on the clock: when to fall back is then decided without timings.
     costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
+    judge = Guard(stats, max_k, min_acceptance, costs) if guard else None
     start = time.perf_counter()
     target_cache, draft_cache = _new_cache(target), _new_cache(draft)
     last = _prefill(target, ids, target_cache, stats)
     pending = ids  # the draft's prefill comes with its first step
     done = max_new_tokens <= 0
     while not done:
-        probe = guard and stats.speculative_iterations >= 1 and (
-            stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
-        )  # a few plain steps early, then one now and then: the baseline follows the context's growth
-        kk = 0 if (stats.fallback or probe) else min(k, max_new_tokens - len(tokens) - 1)
+        budget = min(k, max_new_tokens - len(tokens) - 1) if judge is None or judge.drafting(len(tokens)) else 0
         t0 = time.perf_counter()
-        drafts, q = _draft(draft, draft_cache, pending, kk, sampler)
+        drafts, q = _draft(draft, draft_cache, pending, budget, sampler, draft_confidence)
+        kk = len(drafts)
         sync()
         t1 = time.perf_counter()
         logits = _logits(target, torch.cat([last, drafts]), target_cache, last_only=False)
@@ -316,19 +377,16 @@ def generate_speculative(
                 pending = torch.cat([drafts[-1:], last])
         else:  # one target step: a guard probe, the last token, or plain decoding after a fallback
             stats.plain_steps += 1
-            if not stats.fallback:
-                stats.step_time_s += t2 - t1
-                stats.steps_timed += 1
-                pending = torch.cat([pending, last])
+            stats.step_time_s += t2 - t1
+            stats.steps_timed += 1
+            pending = torch.cat([pending, last])  # the draft catches up when it drafts again
         new, done = _finish(tokens, new, max_new_tokens, eos)
         tokens += new
         if on_tokens:
             on_tokens(new)
-        if kk and adaptive:
+        if kk and adaptive and budget == k:
             k = _adapt(k, kk, n, max_k)
-        if kk and guard and not stats.fallback:
-            below, reason = _guard(stats, max_k, min_acceptance, below, costs)
-            if reason:
-                stats.fallback = {"at_token": len(tokens), "reason": reason}
+        if kk and judge:
+            judge.observe(kk, n, t2 - t0, len(tokens))
     stats.new_tokens, stats.elapsed_s, stats.draft_tokens_final = len(tokens), time.perf_counter() - start, k
     return GenerationResult(tokens, stats)

@@ -5,8 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.metrics import predicted_speedup
-from runner.speculative import Sampler, generate_plain, generate_speculative, verify_sampled
+from runner.metrics import Stats, predicted_speedup
+from runner.speculative import (
+    PATIENCE,
+    RETRY_AFTER,
+    TRIAL_ITERATIONS,
+    WARMUP_ITERATIONS,
+    Guard,
+    Sampler,
+    generate_plain,
+    generate_speculative,
+    verify_sampled,
+)
 from tests.tinymodels import layer_skip_draft, tiny_llama
 
 torch.set_num_threads(1)
@@ -166,7 +176,51 @@ def test_guard_falls_back_from_a_draft_that_never_agrees_and_output_stays_the_ta
     fallback = result.stats.fallback
     assert fallback is not None and fallback["reason"].startswith("predicted speed-up")
     assert 0 < fallback["at_token"] < 30
-    assert result.stats.speculative_iterations < 10  # nothing was drafted after the fallback
+    # After the fallback only short trials drafted (one after 16 plain tokens, the next after 32 more), and
+    # none of them resumed speculation.
+    assert fallback["retries"] == 1 and fallback["resumed"] == 0
+    assert result.stats.speculative_iterations <= WARMUP_ITERATIONS + PATIENCE + TRIAL_ITERATIONS
+
+
+def _feed(guard: Guard, stats: Stats, produced: int, accepted: int, drafted: int = 3) -> int:
+    """One iteration as the loop runs it: ask the guard, then record a verify pass or a plain step."""
+    if guard.drafting(produced):
+        stats.record_verify(drafted, accepted)
+        guard.observe(drafted, accepted, 0.0, produced + accepted + 1)
+        return produced + accepted + 1
+    stats.steps_timed += 1
+    return produced + 1
+
+
+def test_guard_retries_after_a_fallback_with_a_growing_wait_and_resumes_when_the_draft_agrees_again():
+    stats = Stats()
+    guard = Guard(stats, max_k=6, min_acceptance=0.0, costs=(0.05, 1.05))  # clock-free costs
+    produced = 0
+    while stats.fallback is None:
+        produced = _feed(guard, stats, produced, accepted=0)
+    fell_back_at = produced
+    assert stats.speculative_iterations == WARMUP_ITERATIONS + PATIENCE - 1
+    # Plain decoding for RETRY_AFTER tokens, a trial of TRIAL_ITERATIONS that fails, twice the wait, ...
+    waits, plain_run, iterations = [], 0, stats.speculative_iterations
+    while len(waits) < 3:
+        before = stats.speculative_iterations
+        produced = _feed(guard, stats, produced, accepted=0)
+        if stats.speculative_iterations == before:
+            plain_run += 1
+        elif plain_run:
+            waits.append(plain_run)
+            plain_run = 0
+    assert waits == [RETRY_AFTER, 2 * RETRY_AFTER, 4 * RETRY_AFTER]
+    assert stats.speculative_iterations - iterations == 2 * TRIAL_ITERATIONS + 1
+    assert stats.fallback == {"at_token": fell_back_at, "reason": stats.fallback["reason"], "retries": 3, "resumed": 0}
+    # The draft agrees again: the running trial resumes speculation, which then continues.
+    while stats.fallback["resumed"] == 0:
+        produced = _feed(guard, stats, produced, accepted=3)
+    assert stats.fallback["retries"] == 3
+    iterations = stats.speculative_iterations
+    for _ in range(40):
+        produced = _feed(guard, stats, produced, accepted=3)
+    assert stats.speculative_iterations - iterations >= 38  # drafting, but for the occasional timed probe
 
 
 def test_guard_falls_back_when_acceptance_is_below_the_kitfile_minimum(target, drafts):
@@ -194,3 +248,19 @@ def test_stats_count_what_happened(target, drafts):
     assert stats.target_passes == 1 + stats.speculative_iterations + stats.plain_steps  # 1: the prompt's prefill
     assert sum(stats.accepted_at) == stats.accepted and len(stats.per_position_acceptance) <= 6  # k <= 2 * 3
     assert stats.tokens_per_second > 0
+
+
+def test_draft_confidence_stops_drafts_early_and_output_stays_the_targets(target, drafts):
+    draft = drafts["layer-skip"]
+    for prompt in prompts(4):
+        expected = generate_plain(target, prompt, 30).tokens
+        full = generate_speculative(target, draft, prompt, 30, draft_tokens=6, adaptive=False, guard=False)
+        sure = generate_speculative(target, draft, prompt, 30, draft_tokens=6, adaptive=False, guard=False,
+                                    draft_confidence=0.5)
+        assert full.tokens == sure.tokens == expected
+        assert sure.stats.drafted < full.stats.drafted
+        # What the draft was unsure of it proposed less; what it did propose, the target kept more often.
+        assert sure.stats.acceptance_rate >= full.stats.acceptance_rate
+    seeded = lambda c: generate_speculative(target, draft, prompts(1)[0], 20, temperature=0.8, seed=3,  # noqa: E731
+                                            draft_confidence=c).tokens
+    assert seeded(0.5) == seeded(0.5)
