@@ -116,6 +116,104 @@ SNIPPET_TEMPLATES = [
 ]
 
 
+# A second pool, appended after the first (so data shards named by prompt index keep their meaning): the
+# first ~6000 prompts were all answered in earlier sessions, and the draft is short of teacher answers.
+THINGS = [
+    "a microwave oven", "a bicycle gear", "a jet engine", "a thermostat", "a vaccine", "a credit card",
+    "a search engine", "GPS", "a touchscreen", "a battery", "a solar panel", "a camera lens", "Wi-Fi",
+    "a heat pump", "an elevator", "a lock and key", "a compass", "a printer", "noise-cancelling headphones",
+    "a washing machine", "a nuclear reactor", "a submarine", "a parachute", "a hot air balloon", "a clock",
+    "the stock exchange", "a bank loan", "a hybrid car", "an air conditioner", "a light bulb", "a piano",
+    "a water filter", "a smoke detector", "a speedometer", "a barcode scanner", "a 3D printer", "radar",
+]
+ACTIVITIES = [
+    "sleeping better", "saving money on groceries", "learning to cook", "staying motivated at the gym",
+    "writing a cover letter", "preparing for an exam", "reducing screen time", "starting a vegetable garden",
+    "making new friends in a new city", "planning a road trip", "keeping a houseplant alive",
+    "giving a good presentation", "running your first 5k", "organizing a small kitchen",
+    "learning to play the guitar", "traveling on a budget", "reading more books", "drinking more water",
+    "training a puppy", "keeping a journal", "negotiating a salary", "moving to a new apartment",
+    "hosting a dinner party", "studying a foreign language", "taking better photos with a phone",
+]
+DISHES = [
+    "a simple tomato soup", "banana bread", "a chickpea curry", "fried rice", "pancakes", "a Greek salad",
+    "guacamole", "a lentil stew", "chocolate chip cookies", "a vegetable stir-fry", "overnight oats",
+    "a mushroom risotto", "homemade pizza dough", "a chicken wrap", "hummus", "a fruit smoothie",
+]
+EVENTS = [
+    "World War I", "the fall of the Roman Empire", "the Great Depression", "the American Revolution",
+    "the Industrial Revolution", "the collapse of the Soviet Union", "the Protestant Reformation",
+    "the Black Death", "the space race", "the invention of the printing press", "the end of the Cold War",
+]
+EMAILS = [
+    "asking a landlord to fix a broken heater", "thanking a colleague for their help on a project",
+    "declining a meeting invitation", "asking a professor for an extension", "following up after a job interview",
+    "apologizing to a customer for a late delivery", "inviting the team to a farewell lunch",
+    "requesting a refund for a damaged product", "introducing yourself to a new team",
+    "reminding a client about an unpaid invoice",
+]
+TOPIC_TEMPLATES_2 = [
+    "Explain {t} to a ten-year-old.", "What is the difference between {t} and {u}?",
+    "Write a short poem about {t}.", "Give me a summary of {t} in five bullet points.",
+    "Describe how {t} affects everyday life.", "What are three tips for someone interested in {t}?",
+    "Write a short blog post introduction about {t}.",
+]
+CHAT_TEMPLATES_2 = [
+    "How does {x} work?", "Explain how {x} works in simple terms.", "What are the main parts of {x}?",
+]
+ACTIVITY_TEMPLATES = [
+    "What are three tips for {a}?", "Give me a simple plan for {a}.", "What mistakes do people make when {a}?",
+    "Write a short checklist for {a}.",
+]
+CODE_TASKS_2 = [
+    "checks whether a string is a valid IPv4 address", "converts a Roman numeral to an integer",
+    "finds the longest word in a sentence", "removes all whitespace from a string",
+    "counts how many times a substring occurs", "returns the unique elements of a list in order",
+    "computes the power set of a list", "checks whether a list is sorted", "converts a list of pairs to a dictionary",
+    "inverts a dictionary", "merges two dictionaries", "finds the intersection of two lists",
+    "generates the first n prime numbers", "computes the nth triangular number", "converts hours to minutes and seconds",
+    "reads a text file and prints the longest line", "zips two lists into a list of tuples",
+    "finds the missing number in a list from 1 to n", "computes compound interest",
+    "shuffles a list without using a library", "checks whether a number is a perfect square",
+    "converts a string to snake_case", "parses a query string into a dictionary",
+    "implements a least recently used cache", "implements depth-first search on a graph",
+    "implements breadth-first search on a graph", "finds the shortest path with Dijkstra's algorithm",
+    "counts the vowels in a string", "returns the last n lines of a file", "sums all even numbers in a list",
+    "calculates the area of a circle", "converts a temperature table from Fahrenheit to Celsius",
+    "checks whether a string contains only digits", "pads a number with leading zeros",
+    "finds duplicate files by their hash", "prints a multiplication table", "validates a password's strength",
+    "computes the cumulative product of a list", "returns the index of the maximum value",
+    "splits a string on several delimiters",
+]
+CONCEPTS_2 = [
+    "a dictionary in Python", "a set in Python", "slicing in Python", "the with statement", "f-strings",
+    "the map and filter functions", "a lambda expression", "*args and **kwargs", "a class method",
+    "a static method", "a property", "an abstract base class", "a dataclass", "the GIL", "a coroutine",
+    "an iterator", "a module and a package", "pip", "a shell pipeline", "file permissions in Linux",
+    "a foreign key", "a primary key", "an HTTP status code", "a cookie", "CORS", "a hash collision",
+    "a stack overflow", "tail recursion", "a callback", "a promise in JavaScript", "a pure function",
+    "a merge conflict in git", "a pull request", "continuous integration", "a linter", "a mock object",
+]
+
+
+def extra_prompts(rng: random.Random, first: list[str]) -> list[str]:
+    """The second pool: everyday questions and more programming tasks, concepts and stdlib snippets."""
+    chat = [tpl.format(x=x) for x in THINGS for tpl in CHAT_TEMPLATES_2]
+    chat += [tpl.format(t=t, u=rng.choice([x for x in TOPICS if x != t])) for t in TOPICS for tpl in TOPIC_TEMPLATES_2]
+    chat += [tpl.format(a=a) for a in ACTIVITIES for tpl in ACTIVITY_TEMPLATES]
+    chat += [f"Give me a recipe for {d}." for d in DISHES] + [f"How do I make {d}?" for d in DISHES]
+    chat += [f"Summarize the main causes of {e}." for e in EVENTS] + [f"What were the effects of {e}?" for e in EVENTS]
+    chat += [f"Write a polite email {e}." for e in EMAILS] + [f"Write a short, friendly message {e}." for e in EMAILS]
+    code = [tpl.format(lang=rng.choice(LANGS), task=task) for task in CODE_TASKS_2 for tpl in CODE_TEMPLATES]
+    code += [tpl.format(c=c) for c in CONCEPTS_2 for tpl in CONCEPT_TEMPLATES]
+    code += [rng.choice(SNIPPET_TEMPLATES).format(s=s) for s in stdlib_snippets(4000, random.Random(4321))]
+    old = set(first)
+    rng.shuffle(chat)
+    rng.shuffle(code)
+    mixed = [p for pair in zip(chat, code) for p in pair] + chat[len(code):] + code[len(chat):]
+    return [p for p in mixed if p not in old]
+
+
 def _norm(s: str) -> str:
     return " ".join(s.lower().split())
 
@@ -178,6 +276,7 @@ def training_prompts(seed: int = 1234) -> list[str]:
     # Alternate chat and code so that any prefix of the list (what a short run generates) is half code,
     # like the held-out set.
     mixed = [p for pair in zip(chat, code) for p in pair] + chat[len(code):] + code[len(chat):]
+    mixed += extra_prompts(random.Random(seed + 1), mixed)
     seen: set[str] = set()
     unique = []
     for p in mixed:
