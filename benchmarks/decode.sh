@@ -3,6 +3,7 @@
 # copy whose draft is the untrained initial draft (a draft that does not pay: the guard's case).
 # Writes benchmarks/results/bench-demo.json and bench-untrained.json.
 #   bash benchmarks/decode.sh [bench options, default: --prompts benchmarks/prompts-quick.jsonl --max-new-tokens 256]
+# The demo bundle runs 3 rounds (speed-ups: medians of the rounds), the untrained one 1 (REPEAT=n, UNTRAINED_REPEAT=n).
 # (prompts-quick.jsonl: 4 chat and 4 code prompts of the 24 held-out ones in prompts.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(--prompts benchmarks/prompts-quick.jsonl --max-new-tokens 256)
 mkdir -p benchmarks/results
 
-$BUNDLE bench smollm2-spec:1.0.0 --key $KEY --json "${ARGS[@]}" > benchmarks/results/bench-demo.json
+$BUNDLE bench smollm2-spec:1.0.0 --key $KEY --json --repeat "${REPEAT:-3}" "${ARGS[@]}" > benchmarks/results/bench-demo.json
 
 # The untrained draft: demo/make_draft.py's initial weights (an SVD projection of the target's embedding).
 [ -f $WORK/init/model.safetensors ] || .venv/bin/python demo/make_draft.py
@@ -24,7 +25,7 @@ cp $WORK/init/config.json $WORK/init/model.safetensors demo/draft/draft_vocab.js
 sed 's/name: smollm2-spec$/name: smollm2-spec-untrained/' demo/Kitfile > $WORK/ctx-untrained/Kitfile
 cp demo/BUNDLE_README.md $WORK/ctx-untrained/README.md
 $BUNDLE pack $WORK/ctx-untrained -t smollm2-spec-untrained:1.0.0 --key $WORK/keys/bundle.key >/dev/null
-$BUNDLE bench smollm2-spec-untrained:1.0.0 --key $KEY --json "${ARGS[@]}" > benchmarks/results/bench-untrained.json
+$BUNDLE bench smollm2-spec-untrained:1.0.0 --key $KEY --json --repeat "${UNTRAINED_REPEAT:-1}" "${ARGS[@]}" > benchmarks/results/bench-untrained.json
 
 .venv/bin/python - <<'PY'
 import json

@@ -326,6 +326,7 @@ def _read_prompts(path: str) -> list[str]:
 @click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Default: the bundle's.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20), help="Rounds over the prompts; speed-ups are their medians.")
 @click.option("--device", help="cpu or cuda (default: cuda when available).")
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")

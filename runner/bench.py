@@ -4,6 +4,7 @@ one process, and what the measured acceptance and costs predict (Leviathan et al
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,20 @@ def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
     }
 
 
+def _pooled(runs: Sequence[Run]) -> Run:
+    """Several rounds of one method as one run: every prompt of every round."""
+    return Run([t for r in runs for t in r.tokens], sum(r.seconds for r in runs), [s for r in runs for s in r.stats])
+
+
+def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
+    """One round's speed-ups of the bundle over the target alone, the best assisted setting and plain dtype."""
+    tps = lambda name: runs[name].tokens_per_second  # noqa: E731
+    hf = max(("hf_assisted_default", "hf_assisted_k"), key=tps)
+    fastest = max((f"target_only_{d}" for d in PLAIN_DTYPES), key=tps)
+    return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_hf_assisted": tps("bundle") / tps(hf),
+            "speedup_vs_fastest_plain": tps("bundle") / tps(fastest), "fastest_plain": fastest}
+
+
 def bench_unpacked(
     root: Path,
     roles: Mapping[str, str],
@@ -127,11 +142,15 @@ def bench_unpacked(
     *,
     max_new_tokens: int = 128,
     draft_tokens: int | None = None,
+    repeat: int = 1,
     device: str | None = None,
     verified_files: Mapping[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Every method on the same prompts in this process; tokens/s, ratios, acceptance, costs, identity."""
+    """Every method on the same prompts in this process; tokens/s, ratios, acceptance, costs, identity.
+
+    repeat: rounds over all prompts; the speed-ups are then the medians of the rounds' (`rounds`), tokens/s
+    and acceptance are over all rounds, and identity, fallbacks and per-prompt figures are the first round's."""
     from transformers import AutoTokenizer
 
     say = progress or (lambda _msg: None)
@@ -166,18 +185,25 @@ def bench_unpacked(
         generate_plain(model, ids[0], 8, eos_ids=eos)
     # Prompt by prompt, every method in turn (the order rotating): a machine that speeds up or slows down
     # during the bench (other load, clocks) then moves every method alike, and the ratios stay fair.
-    runs: dict[str, Run] = {name: Run() for name in methods}
     names = list(methods)
-    for i, x in enumerate(ids):
-        say(f"prompt {i + 1}/{len(ids)}: " + ", ".join(names))
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            _timed([x], methods[name], into=runs[name])
-    runs["draft_only"] = _timed(ids[:2], plain(draft))  # for the cost ratio
+    rounds: list[dict[str, Run]] = []
+    for r in range(max(repeat, 1)):
+        runs = {name: Run() for name in names}
+        for i, x in enumerate(ids):
+            say(f"round {r + 1}/{max(repeat, 1)}, prompt {i + 1}/{len(ids)}")
+            turn = (i + r) % len(names)
+            for name in names[turn:] + names[:turn]:
+                _timed([x], methods[name], into=runs[name])
+        runs[f"target_only_{dtype}"] = runs["target_only"]
+        rounds.append(runs)
+    draft_only = _timed(ids[:2], plain(draft))  # for the cost ratio
     del others
-    runs[f"target_only_{dtype}"] = runs["target_only"]
+    ratios = [_ratios(runs) for runs in rounds]
+    runs = {name: _pooled([rnd[name] for rnd in rounds]) for name in rounds[0]}
+    runs["draft_only"] = draft_only
+    first = rounds[0]
     hf_best = max(("hf_assisted_default", "hf_assisted_k"), key=lambda n: runs[n].tokens_per_second)
     fastest_plain = max((f"target_only_{d}" for d in PLAIN_DTYPES), key=lambda n: runs[n].tokens_per_second)
-
     stats = runs["bundle"].stats
     accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
     rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
@@ -193,15 +219,17 @@ def bench_unpacked(
     spec_tokens = sum(s.spec_tokens for s in stats)
     plain_tokens = max(runs["bundle"].new_tokens - spec_tokens, 0)  # spec_tokens counts a cut last batch whole
     theoretical = (spec_tokens + plain_tokens) / (spec_tokens / per_iteration + plain_tokens) if spec_tokens + plain_tokens else 1.0
-    differences = [first_difference(target, p, t, b, dtype) for p, t, b in zip(ids, runs["target_only"].tokens, runs["bundle"].tokens)]
+    differences = [first_difference(target, p, t, b, dtype) for p, t, b in zip(ids, first["target_only"].tokens, first["bundle"].tokens)]
     identical = all(d is None or d["tie"] for d in differences)
-    speedup = runs["bundle"].tokens_per_second / runs["target_only"].tokens_per_second
+    median = lambda key: statistics.median(r[key] for r in ratios)  # noqa: E731
+    speedup = median("speedup_vs_target")
     return {
         "runs": {**{name: run.as_dict() for name, run in runs.items()}, "hf_assisted": {**runs[hf_best].as_dict(), "setting": hf_best}},
         "speedup_vs_target": round(speedup, 3),
-        "speedup_vs_hf_assisted": round(runs["bundle"].tokens_per_second / runs[hf_best].tokens_per_second, 3),
-        "speedup_vs_fastest_plain": round(runs["bundle"].tokens_per_second / runs[fastest_plain].tokens_per_second, 3),
+        "speedup_vs_hf_assisted": round(median("speedup_vs_hf_assisted"), 3),
+        "speedup_vs_fastest_plain": round(median("speedup_vs_fastest_plain"), 3),
         "fastest_plain": fastest_plain,
+        "rounds": [{key: round(value, 3) if isinstance(value, float) else value for key, value in r.items()} for r in ratios],
         "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         "per_token_acceptance": round(alpha, 4),
         "mean_accepted_length": round(accepted / iterations, 3) if iterations else 0.0,
@@ -216,8 +244,8 @@ def bench_unpacked(
         "identical_output": identical,
         "exactly_identical": all(d is None for d in differences),
         "differences": [{"prompt": i, **d} for i, d in enumerate(differences) if d],
-        "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(stats) if s.fallback],
-        "per_prompt": [_per_prompt(i, runs, s) for i, s in enumerate(stats)],
+        "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(first["bundle"].stats) if s.fallback],
+        "per_prompt": [_per_prompt(i, first, s) for i, s in enumerate(first["bundle"].stats)],
         "prompts": len(ids),
         "max_new_tokens": max_new_tokens,
         "dtype": dtype,

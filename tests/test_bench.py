@@ -20,7 +20,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Pa
     run_bundle("pack", str(tmp_path / "ctx"), "-t", "tiny:1", "--key", str(keypair[0]), "--store", store, check=True)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "hello world"}\n{"prompt": "a second prompt"}\n')
-    result = run_bundle("bench", "tiny:1", "--prompts", str(prompts), "--max-new-tokens", "10", "--key", str(keypair[1]), "--store", store, "--json", check=True)
+    result = run_bundle("bench", "tiny:1", "--prompts", str(prompts), "--max-new-tokens", "10", "--repeat", "3", "--key", str(keypair[1]), "--store", store, "--json", check=True)
     out = json.loads(result.out)
     assert_matches_schema(out, "bench-report")
     for run in ("target_only", "hf_assisted", "bundle", "hf_assisted_default", "hf_assisted_k", "target_only_float32", "target_only_bfloat16"):
@@ -30,6 +30,11 @@ def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Pa
         assert key in out
     assert out["identical_output"] is True and out["exactly_identical"] is True  # fp32: token for token
     assert out["prompts"] == 2
+    # Three rounds over both prompts: tokens/s over all of them, each speed-up the median of the rounds'.
+    assert len(out["rounds"]) == 3 and out["runs"]["bundle"]["new_tokens"] == 3 * 10 * 2
+    for key in ("speedup_vs_target", "speedup_vs_hf_assisted", "speedup_vs_fastest_plain"):
+        assert out[key] == sorted(r[key] for r in out["rounds"])[1]
+    assert len(out["per_prompt"]) == 2
 
 
 def test_bench_refuses_a_prompts_file_that_is_not_json_lines(tmp_path: Path) -> None:
