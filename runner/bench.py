@@ -75,10 +75,13 @@ def bf16_step(value: float) -> float:
 
 
 def first_difference(target, prompt: list[int], expected: list[int], got: list[int], dtype: str) -> dict[str, Any] | None:
-    """Where `got` leaves the target's own output, and whether the target's top two logits tie there.
+    """Where `got` leaves the target's own output, and whether that is a tie of the target's own numerics.
 
     The logits are those of the target-alone run itself: its path (prefill, then one token per step) is
-    replayed up to the first difference, so the gap is measured in the numerics that chose `expected`."""
+    replayed up to the first difference, so the gap is measured in the numerics that chose `expected`.
+    In half precision it is a tie when the top two logits are within one bf16 step, or when the target
+    itself, computing the last few positions in one pass as a verify pass does, picks the token `got` has:
+    both tokens are then the target's greedy choice, each for one way of computing the same prefix."""
     i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
     if i is None:
         return None if len(expected) == len(got) else {"position": min(len(expected), len(got)), "tie": False, "gap": None}
@@ -90,10 +93,17 @@ def first_difference(target, prompt: list[int], expected: list[int], got: list[i
             _logits(target, last, cache, last_only=True)
             last = token.view(1)
         logits = _logits(target, last, cache, last_only=True)[-1].float()
+        in_one_pass = []
+        if dtype != "float32":
+            for m in range(2, min(6, len(ids)) + 1):  # the last m positions in one pass, as verify passes run
+                cache.crop(-m)
+                in_one_pass.append(int(_logits(target, ids[-m:], cache, last_only=True)[-1].argmax()))
     top2 = torch.topk(logits, 2).values.tolist()
     gap = top2[0] - top2[1]
-    step = bf16_step(top2[0]) if dtype == "bfloat16" else 0.0
-    return {"position": i, "tie": gap <= step, "gap": gap, "gap_bf16_steps": round(gap / bf16_step(top2[0]), 2), "top_logit": top2[0]}
+    step = bf16_step(top2[0]) if dtype != "float32" else 0.0
+    return {"position": i, "tie": gap <= step or got[i] in in_one_pass, "gap": gap,
+            "gap_bf16_steps": round(gap / bf16_step(top2[0]), 2), "top_logit": top2[0],
+            "verify_pass_picks_it": got[i] in in_one_pass}
 
 
 def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) -> float:
