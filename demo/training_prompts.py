@@ -196,7 +196,12 @@ CONCEPTS_2 = [
 ]
 
 
-def extra_prompts(rng: random.Random, first: list[str]) -> list[str]:
+def _alternate(chat: list[str], code: list[str]) -> list[str]:
+    """Chat and code in turn, so that any prefix of the list (what a short run generates) is half code."""
+    return [p for pair in zip(chat, code) for p in pair] + chat[len(code):] + code[len(chat):]
+
+
+def extra_prompts(rng: random.Random) -> list[str]:
     """The second pool: everyday questions and more programming tasks, concepts and stdlib snippets."""
     chat = [tpl.format(x=x) for x in THINGS for tpl in CHAT_TEMPLATES_2]
     chat += [tpl.format(t=t, u=rng.choice([x for x in TOPICS if x != t])) for t in TOPICS for tpl in TOPIC_TEMPLATES_2]
@@ -207,11 +212,9 @@ def extra_prompts(rng: random.Random, first: list[str]) -> list[str]:
     code = [tpl.format(lang=rng.choice(LANGS), task=task) for task in CODE_TASKS_2 for tpl in CODE_TEMPLATES]
     code += [tpl.format(c=c) for c in CONCEPTS_2 for tpl in CONCEPT_TEMPLATES]
     code += [rng.choice(SNIPPET_TEMPLATES).format(s=s) for s in stdlib_snippets(4000, random.Random(4321))]
-    old = set(first)
     rng.shuffle(chat)
     rng.shuffle(code)
-    mixed = [p for pair in zip(chat, code) for p in pair] + chat[len(code):] + code[len(chat):]
-    return [p for p in mixed if p not in old]
+    return _alternate(chat, code)  # training_prompts() drops any prompt of the first pool again
 
 
 def _norm(s: str) -> str:
@@ -273,10 +276,7 @@ def training_prompts(seed: int = 1234) -> list[str]:
     banned = {_norm(p) for p in held_out_prompts()}
     rng.shuffle(chat)
     rng.shuffle(code)
-    # Alternate chat and code so that any prefix of the list (what a short run generates) is half code,
-    # like the held-out set.
-    mixed = [p for pair in zip(chat, code) for p in pair] + chat[len(code):] + code[len(chat):]
-    mixed += extra_prompts(random.Random(seed + 1), mixed)
+    mixed = _alternate(chat, code) + extra_prompts(random.Random(seed + 1))  # half code, like the held-out set
     seen: set[str] = set()
     unique = []
     for p in mixed:

@@ -101,9 +101,9 @@ def first_difference(target, prompt: list[int], expected: list[int], got: list[i
     top2 = torch.topk(logits, 2).values.tolist()
     gap = top2[0] - top2[1]
     step = bf16_step(top2[0]) if dtype != "float32" else 0.0
-    return {"position": i, "tie": gap <= step or got[i] in in_one_pass, "gap": gap,
-            "gap_bf16_steps": round(gap / bf16_step(top2[0]), 2), "top_logit": top2[0],
-            "verify_pass_picks_it": got[i] in in_one_pass}
+    picked = got[i] in in_one_pass
+    return {"position": i, "tie": gap <= step or picked, "gap": gap, "gap_bf16_steps": round(gap / bf16_step(top2[0]), 2),
+            "top_logit": top2[0], "verify_pass_picks_it": picked}
 
 
 def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) -> float:
@@ -135,11 +135,16 @@ def _pooled(runs: Sequence[Run]) -> Run:
     return Run([t for r in runs for t in r.tokens], sum(r.seconds for r in runs), [s for r in runs for s in r.stats])
 
 
+def _fastest(runs: Mapping[str, Run]) -> tuple[str, str]:
+    """The faster setting of transformers' assisted generation, and the fastest plain dtype."""
+    tps = lambda name: runs[name].tokens_per_second  # noqa: E731
+    return max(("hf_assisted_default", "hf_assisted_k"), key=tps), max((f"target_only_{d}" for d in PLAIN_DTYPES), key=tps)
+
+
 def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
     """One round's speed-ups of the bundle over the target alone, the best assisted setting and plain dtype."""
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
-    hf = max(("hf_assisted_default", "hf_assisted_k"), key=tps)
-    fastest = max((f"target_only_{d}" for d in PLAIN_DTYPES), key=tps)
+    hf, fastest = _fastest(runs)
     return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_hf_assisted": tps("bundle") / tps(hf),
             "speedup_vs_fastest_plain": tps("bundle") / tps(fastest), "fastest_plain": fastest}
 
@@ -212,8 +217,7 @@ def bench_unpacked(
     runs = {name: _pooled([rnd[name] for rnd in rounds]) for name in rounds[0]}
     runs["draft_only"] = draft_only
     first = rounds[0]
-    hf_best = max(("hf_assisted_default", "hf_assisted_k"), key=lambda n: runs[n].tokens_per_second)
-    fastest_plain = max((f"target_only_{d}" for d in PLAIN_DTYPES), key=lambda n: runs[n].tokens_per_second)
+    hf_best, fastest_plain = _fastest(runs)
     stats = runs["bundle"].stats
     accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
     rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
