@@ -1,6 +1,6 @@
 """The draft's output vocabulary: the token ids the target actually writes, most frequent first.
 
-    .venv/bin/python demo/draft_vocab.py [--size 16384] [--out demo/draft]
+    .venv/bin/python demo/draft_vocab.py [--size 4096] [--out demo/draft]
 
 Counts, over the teacher data in demo/work/data (never the held-out prompts), the target's greedy
 tokens and the input tokens, breaks ties by id (BPE ids run roughly from frequent to rare), adds every
@@ -49,7 +49,7 @@ def write_draft_vocab(out: Path, size: int) -> Path:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=16384)
+    ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--out", default=str(DEMO / "draft"))
     args = ap.parse_args()
     print(write_draft_vocab(Path(args.out), args.size))

@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--ckpt", default="best.pt", help="checkpoint file in demo/work/ckpt/")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--out", default=str(DRAFT_DIR))
-    ap.add_argument("--vocab-size", type=int, default=16384, help="ids in draft_vocab.json (the draft head's vocabulary)")
+    ap.add_argument("--vocab-size", type=int, default=4096, help="ids in draft_vocab.json (the draft head's vocabulary)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("DEMO_THREADS", "1")))
     ck = torch.load(CKPT_DIR / args.ckpt, weights_only=False, map_location="cpu")

@@ -14,7 +14,7 @@ import torch
 
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
-from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, with_draft_vocab
+from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft
 from runner.metrics import Stats
 from runner.speculative import _logits, _new_cache, _prefill, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
@@ -180,7 +180,7 @@ def bench_unpacked(
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
     load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]))  # noqa: E731
     target, plain_draft = load("target", dtype), load("draft", dtype)
-    draft = with_draft_vocab(plain_draft, checked)  # ours; transformers' assisted generation gets the plain draft
+    draft = runtime_draft(plain_draft, checked)  # ours; transformers' assisted generation gets the plain draft
 
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
     ours = lambda x: (lambda r: (r.tokens, r.stats))(  # noqa: E731

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bundler.errors import BundleError
+from runner import compact_draft
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.loading import check_weight_files, load_model
 from runner.modelinfo import estimate_memory, read_config
@@ -113,9 +114,13 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping) -> dict:
     return {"dirs": dirs, "tokenizer_dir": tokenizer_dir, "fingerprint": fingerprint, "pairing": pairing, "draft_vocab": draft_vocab}
 
 
-def with_draft_vocab(draft, checked: Mapping):
-    """The draft, scoring only the bundle's draft vocabulary when it names one."""
-    return SubsetHeadDraft(draft, checked["draft_vocab"]) if checked.get("draft_vocab") else draft
+def runtime_draft(draft, checked: Mapping):
+    """The draft as the loop runs it: through our compact forward when its architecture allows (see
+    runner.compact_draft), scoring only the bundle's draft vocabulary when it names one."""
+    ids = checked.get("draft_vocab")
+    if compact_draft.supports(draft.config):
+        return compact_draft.CompactLlama(draft, ids)
+    return SubsetHeadDraft(draft, ids) if ids else draft
 
 
 def run_unpacked(
@@ -160,7 +165,7 @@ def run_unpacked(
     check_memory(memory, memory_budget, device)
     target = load_model(dirs["target"], dtype, device, role="target",
                         expected_sha256=_verified_digests(verified_files, roles["target"]))
-    draft = with_draft_vocab(load_model(dirs["draft"], dtype, device, role="draft",
+    draft = runtime_draft(load_model(dirs["draft"], dtype, device, role="draft",
                                         expected_sha256=_verified_digests(verified_files, roles["draft"])), checked)
     stream = _TextStream(tokenizer, on_text) if on_text else None
     result = generate_speculative(

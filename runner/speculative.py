@@ -65,13 +65,16 @@ class Sampler:
 
     def pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One token per row, and the distribution it was drawn from (None when greedy)."""
-        if self.greedy:
-            return logits[..., : self.vocab_size].argmax(-1), None
+        if self.greedy:  # argmax over float32 is exact and ~4x faster than over bfloat16 on a CPU
+            return logits[..., : self.vocab_size].float().argmax(-1), None
         probs = self.probs(logits)
         return self.sample(probs), probs
 
 
 def _new_cache(model):
+    """The model's own cache when it brings one (runner.compact_draft), else transformers' DynamicCache."""
+    if hasattr(model, "new_cache"):
+        return model.new_cache()
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
@@ -184,7 +187,7 @@ def verify_greedy(
 
     Returns n accepted, the next token (a 1-element tensor) and the new tokens: n drafts and the next one."""
     k = len(drafts)
-    choice = logits[:, : sampler.vocab_size].argmax(-1)  # (k + 1,)
+    choice = logits[:, : sampler.vocab_size].float().argmax(-1)  # (k + 1,)
     both = torch.cat([choice, drafts]).tolist()  # the one device sync of the iteration
     target, drafted = both[: k + 1], both[k + 1 :]
     n = 0

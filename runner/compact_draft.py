@@ -1,0 +1,147 @@
+"""A small Llama draft stepped by a forward pass of our own, with a KV cache of our own.
+
+Why not transformers' forward: a 2-layer, 256-wide draft does about 1 ms of matrix work per step on
+this CPU, and transformers' LlamaModel adds more than that around it (mask construction, cache objects,
+the rotary module, output classes), once per drafted token. The draft only decides which tokens are
+proposed, and the target still verifies every one, so this changes the speed of decoding, never its
+output. It runs only the architecture it implements exactly (`supports`: Llama without biases, SiLU MLP,
+default RoPE, no sliding window); tests check its logits against transformers' on the same weights.
+Any other draft runs through transformers as before.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+
+def supports(config) -> bool:
+    """Whether `config` is a draft this module computes exactly as transformers does."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return (
+        getattr(config, "model_type", None) == "llama"
+        and not getattr(config, "attention_bias", False)
+        and not getattr(config, "mlp_bias", False)
+        and getattr(config, "hidden_act", None) == "silu"
+        and rope.get("rope_type", "default") == "default"
+        and "rope_theta" in rope
+        and getattr(config, "pretraining_tp", 1) == 1
+    )
+
+
+class CompactCache:
+    """Keys and values of every layer in one growing tensor each; `length` tokens are valid."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.keys = torch.empty(layers, 1, kv_heads, 0, head_dim, dtype=dtype, device=device)
+        self.values = torch.empty_like(self.keys)
+        self.length = 0
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` tokens; the capacity at least doubles when it grows, so appends stay cheap."""
+        capacity = self.keys.shape[3]
+        if length <= capacity:
+            return
+        size = list(self.keys.shape)
+        size[3] = max(length, 2 * capacity, 64)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_empty(size)
+            new[:, :, :, : self.length] = old[:, :, :, : self.length]
+            setattr(self, name, new)
+
+    def crop(self, length: int) -> None:
+        """Keeps the first `length` tokens; a negative `length` drops that many (as DynamicCache.crop)."""
+        self.length = self.length + length if length < 0 else min(length, self.length)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: normalised in float32, scaled in the weights' dtype."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class CompactLlama(torch.nn.Module):
+    """Wraps a transformers Llama causal LM (its weights, unchanged and not copied) with a lean forward.
+
+    `ids` (optional): score only these vocabulary ids (see runner.draft_vocab); the others get -inf.
+    Called like a transformers model by the decoding loop: `model(input_ids=, cache=, logits_to_keep=)`
+    with a cache from `new_cache()`.
+    """
+
+    def __init__(self, model: torch.nn.Module, ids: list[int] | None = None) -> None:
+        super().__init__()
+        if not supports(model.config):
+            raise ValueError("CompactLlama runs Llama drafts without biases, with SiLU and default RoPE only")
+        self.inner = model
+        self.config = model.config
+        c = model.config
+        self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.eps = c.rms_norm_eps
+        self.full_size = model.lm_head.out_features
+        weight = model.lm_head.weight
+        index = None if ids is None else torch.tensor(ids, dtype=torch.long, device=weight.device)
+        self.register_buffer("ids", index, persistent=False)
+        head = weight if index is None else weight[index].detach().contiguous()
+        self.register_buffer("head", head, persistent=False)
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=weight.device) / self.head_dim
+        self.register_buffer("inv_freq", 1.0 / (c.rope_parameters["rope_theta"] ** exponent), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    def new_cache(self) -> CompactCache:
+        return CompactCache(len(self.inner.model.layers), self.kv_heads, self.head_dim, self.head.dtype, self.device)
+
+    def forward(self, input_ids: torch.Tensor, cache: CompactCache | None = None, logits_to_keep: int = 0,
+                **_ignored) -> SimpleNamespace:
+        body = self.inner.model
+        cache = cache if cache is not None else self.new_cache()
+        t = input_ids.shape[-1]
+        start, end = cache.length, cache.length + t
+        cache.reserve(end)
+        x = body.embed_tokens(input_ids.view(1, t))
+        # RoPE as transformers computes it: angles in float32, cos/sin cast to the activations' dtype.
+        angles = torch.outer(torch.arange(start, end, device=x.device, dtype=torch.float32), self.inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        mask = None  # one new token sees the whole cache; several see it and the ones before them
+        if t > 1:
+            mask = torch.arange(end, device=x.device)[None, :] <= torch.arange(start, end, device=x.device)[:, None]
+        for i, layer in enumerate(body.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
+            q = F.linear(h, attn.q_proj.weight).view(1, t, self.heads, self.head_dim).transpose(1, 2)
+            k = F.linear(h, attn.k_proj.weight).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = F.linear(h, attn.v_proj.weight).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            cache.keys[i, :, :, start:end] = _rotate(k, cos, sin)
+            cache.values[i, :, :, start:end] = v
+            out = F.scaled_dot_product_attention(
+                _rotate(q, cos, sin), cache.keys[i, :, :, :end], cache.values[i, :, :, :end],
+                attn_mask=mask, enable_gqa=self.heads != self.kv_heads,
+            )
+            x = x + F.linear(out.transpose(1, 2).reshape(1, t, -1), attn.o_proj.weight)
+            h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
+            x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+        cache.length = end
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        scores = F.linear(_rms_norm(x, body.norm.weight, self.eps), self.head)
+        if self.ids is None:
+            return SimpleNamespace(logits=scores)
+        # float32: the loop's argmax and softmax over the full vocabulary are several times faster in it
+        logits = scores.new_full((*scores.shape[:-1], self.full_size), float("-inf"), dtype=torch.float32)
+        logits[..., self.ids] = scores.float()
+        return SimpleNamespace(logits=logits)

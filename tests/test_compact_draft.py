@@ -1,0 +1,108 @@
+"""The compact draft forward: the same logits as transformers on the same weights, a drop-in for the loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from runner.compact_draft import CompactLlama, supports
+from runner.draft_vocab import SubsetHeadDraft
+from runner.run import runtime_draft
+from runner.speculative import generate_plain, generate_speculative
+from tests.tinymodels import layer_skip_draft, tiny_llama, tiny_llama_config
+
+torch.set_num_threads(1)
+V = 320
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(V, seed=0, hidden=64, layers=2, init_std=0.1)
+
+
+def _steps(model, cache, chunks, **kwargs):
+    with torch.inference_mode():
+        return [model(input_ids=c.view(1, -1), cache=cache, use_cache=True, **kwargs).logits[0] for c in chunks]
+
+
+@pytest.mark.parametrize("ids", [None, list(range(0, V, 3))], ids=["full-head", "subset-head"])
+def test_logits_equal_transformers_through_prefill_steps_crops_and_cache_growth(ids) -> None:
+    """GQA (4 heads, 2 kv heads), a 7-token prefill, 90 single steps (the cache grows past its first 64
+    slots), crops and multi-token chunks after them: every logit as transformers computes it."""
+    draft = tiny_llama(V, seed=5, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.2)
+    ours, theirs = CompactLlama(draft, ids), (SubsetHeadDraft(draft, ids) if ids else draft)
+    ours_cache, their_cache = ours.new_cache(), DynamicCache(config=draft.config)
+    g = torch.Generator().manual_seed(3)
+    chunks = [torch.randint(3, V, (7,), generator=g)] + [torch.randint(3, V, (1,), generator=g) for _ in range(90)]
+    for crop, chunk in [(None, chunks), (-5, [torch.randint(3, V, (3,), generator=g)]), (-2, chunks[1:4])]:
+        if crop:
+            ours_cache.crop(crop)
+            their_cache.crop(crop)
+        got, want = _steps(ours, ours_cache, chunk), _steps(theirs, their_cache, chunk)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            assert torch.equal(torch.isinf(a), torch.isinf(b))
+            finite = torch.isfinite(b)
+            assert torch.allclose(a[finite], b[finite].float(), atol=1e-5)
+    assert ours_cache.get_seq_length() == their_cache.get_seq_length() == 7 + 90 - 5 + 3 - 2 + 3
+
+
+def test_bfloat16_logits_agree_with_transformers_up_to_rounding() -> None:
+    """In bfloat16 the two attention kernels round differently: logits of magnitude ~5 agree within a few
+    bfloat16 steps (0.03 there), and the first position, which attends to itself only, exactly."""
+    draft = tiny_llama(V, seed=6, hidden=32, layers=2, heads=4, kv_heads=4, init_std=0.2, dtype=torch.bfloat16)
+    x = torch.randint(3, V, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        a = CompactLlama(draft)(input_ids=x).logits.float()
+        b = draft(input_ids=x).logits.float()
+    assert torch.equal(a[0, 0], b[0, 0])
+    assert (a - b).abs().max() <= 0.125
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_with_the_compact_draft_equals_the_target_alone(target, k: int) -> None:
+    draft = CompactLlama(layer_skip_draft(target, 1), list(range(0, V, 2)))
+    g = torch.Generator().manual_seed(11)
+    for n in range(5):
+        prompt = torch.randint(3, V, (2 + n,), generator=g)
+        expected = generate_plain(target, prompt, 40).tokens
+        result = generate_speculative(target, draft, prompt, 40, draft_tokens=k, guard=False)
+        assert result.tokens == expected
+        assert result.stats.accepted > 0
+
+
+def test_seeded_sampling_with_the_compact_draft_equals_sampling_with_transformers_draft(target) -> None:
+    """A drop-in: same weights, same seed, same proposals and the same sampled output."""
+    plain = layer_skip_draft(target, 1)
+    prompt = torch.tensor([5, 17, 40, 9])
+    runs = [generate_speculative(target, d, prompt, 48, draft_tokens=4, temperature=0.8, seed=42, guard=False)
+            for d in (plain, CompactLlama(plain))]
+    assert runs[0].tokens == runs[1].tokens
+    assert runs[0].stats.accepted == runs[1].stats.accepted
+
+
+@pytest.mark.parametrize("change", [
+    {"attention_bias": True}, {"mlp_bias": True}, {"hidden_act": "gelu"},
+    {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+])
+def test_drafts_it_does_not_compute_exactly_run_through_transformers(change: dict) -> None:
+    config = tiny_llama_config(V, hidden=16, layers=1, heads=2, kv_heads=1)
+    for key, value in change.items():
+        setattr(config, key, value)
+    assert not supports(config)
+    from transformers import LlamaForCausalLM
+
+    draft = LlamaForCausalLM(config).eval()
+    assert runtime_draft(draft, {}) is draft
+    assert isinstance(runtime_draft(draft, {"draft_vocab": [0, 1, 2]}), SubsetHeadDraft)
+    with pytest.raises(ValueError):
+        CompactLlama(draft)
+
+
+def test_a_plain_llama_draft_runs_compact(target) -> None:
+    draft = layer_skip_draft(target, 1)
+    assert supports(draft.config)
+    assert isinstance(runtime_draft(draft, {}), CompactLlama)
+    assert runtime_draft(draft, {"draft_vocab": [0, 1, 2]}).ids.tolist() == [0, 1, 2]
