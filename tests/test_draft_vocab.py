@@ -10,6 +10,7 @@ import torch
 
 import runner.loading
 from bundler.errors import BundleError
+from runner.compact_draft import CompactLlama
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.run import run_unpacked
 from runner.speculative import generate_plain, generate_speculative
@@ -37,9 +38,10 @@ def test_subset_head_scores_the_listed_ids_like_the_full_head_and_nothing_else(t
     assert torch.isinf(cut[..., others]).all()
 
 
+@pytest.mark.parametrize("wrap", [SubsetHeadDraft, CompactLlama], ids=["transformers", "compact"])
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_output_with_a_subset_head_equals_the_target_alone(target, k: int) -> None:
-    draft = SubsetHeadDraft(layer_skip_draft(target, 1), list(range(0, V, 2)))  # half the ids: some drafts impossible
+def test_greedy_output_with_a_subset_head_equals_the_target_alone(target, k: int, wrap) -> None:
+    draft = wrap(layer_skip_draft(target, 1), list(range(0, V, 2)))  # half the ids: some drafts impossible
     g = torch.Generator().manual_seed(7)
     for n in range(5):
         prompt = torch.randint(3, V, (2 + n,), generator=g)
