@@ -5,7 +5,7 @@ this CPU, and transformers' LlamaModel adds more than that around it (mask const
 the rotary module, output classes), once per drafted token. The draft only decides which tokens are
 proposed, and the target still verifies every one, so this changes the speed of decoding, never its
 output. It runs only the architecture it implements exactly (`supports`: Llama without biases, SiLU MLP,
-default RoPE, no sliding window); tests check its logits against transformers' on the same weights.
+default RoPE); tests check its logits against transformers' on the same weights.
 Any other draft runs through transformers as before.
 """
 
@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+
+from runner.draft_vocab import full_vocab_logits, head_rows
 
 
 def supports(config) -> bool:
@@ -91,9 +93,8 @@ class CompactLlama(torch.nn.Module):
         self.eps = c.rms_norm_eps
         self.full_size = model.lm_head.out_features
         weight = model.lm_head.weight
-        index = None if ids is None else torch.tensor(ids, dtype=torch.long, device=weight.device)
+        index, head = (None, weight) if ids is None else head_rows(weight, ids)
         self.register_buffer("ids", index, persistent=False)
-        head = weight if index is None else weight[index].detach().contiguous()
         self.register_buffer("head", head, persistent=False)
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=weight.device) / self.head_dim
         self.register_buffer("inv_freq", 1.0 / (c.rope_parameters["rope_theta"] ** exponent), persistent=False)
@@ -139,9 +140,4 @@ class CompactLlama(torch.nn.Module):
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         scores = F.linear(_rms_norm(x, body.norm.weight, self.eps), self.head)
-        if self.ids is None:
-            return SimpleNamespace(logits=scores)
-        # float32: the loop's argmax and softmax over the full vocabulary are several times faster in it
-        logits = scores.new_full((*scores.shape[:-1], self.full_size), float("-inf"), dtype=torch.float32)
-        logits[..., self.ids] = scores.float()
-        return SimpleNamespace(logits=logits)
+        return SimpleNamespace(logits=scores if self.ids is None else full_vocab_logits(scores, self.ids, self.full_size))

@@ -35,6 +35,20 @@ def read_draft_vocab(path: Path, vocab_size: int) -> list[int]:
     return ids
 
 
+def head_rows(weight: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids as an index tensor, and the output head's rows for them (a contiguous copy)."""
+    index = torch.tensor(ids, dtype=torch.long, device=weight.device)
+    return index, weight[index].detach().contiguous()
+
+
+def full_vocab_logits(scores: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """Scores for the ids in `index` spread over the full vocabulary, -inf elsewhere. In float32: the loop's
+    argmax and softmax over the full vocabulary are several times faster in it than in bfloat16."""
+    logits = scores.new_full((*scores.shape[:-1], size), float("-inf"), dtype=torch.float32)
+    logits[..., index] = scores.float()
+    return logits
+
+
 class SubsetHeadDraft(torch.nn.Module):
     """Wraps a causal LM (a `.model` body and an `.lm_head`) so its logits are computed for `ids` only."""
 
@@ -44,9 +58,9 @@ class SubsetHeadDraft(torch.nn.Module):
             raise BundleError("invalid-bundle", "a draft vocabulary needs a model with a linear lm_head")
         self.inner = model
         self.config = model.config
-        index = torch.tensor(ids, dtype=torch.long, device=model.device)
+        index, head = head_rows(model.lm_head.weight, ids)
         self.register_buffer("ids", index, persistent=False)
-        self.register_buffer("head", model.lm_head.weight[index].detach().contiguous(), persistent=False)
+        self.register_buffer("head", head, persistent=False)
         bias = model.lm_head.bias
         self.register_buffer("bias", None if bias is None else bias[index].detach().contiguous(), persistent=False)
         self.full_size = model.lm_head.out_features
@@ -60,6 +74,4 @@ class SubsetHeadDraft(torch.nn.Module):
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         scores = torch.nn.functional.linear(hidden, self.head, self.bias)
-        logits = scores.new_full((*scores.shape[:-1], self.full_size), float("-inf"))
-        logits[..., self.ids] = scores
-        return SimpleNamespace(logits=logits)
+        return SimpleNamespace(logits=full_vocab_logits(scores, self.ids, self.full_size))

@@ -187,7 +187,7 @@ def verify_greedy(
 
     Returns n accepted, the next token (a 1-element tensor) and the new tokens: n drafts and the next one."""
     k = len(drafts)
-    choice = logits[:, : sampler.vocab_size].float().argmax(-1)  # (k + 1,)
+    choice, _ = sampler.pick(logits)  # the target's greedy choice at each of the k + 1 positions
     both = torch.cat([choice, drafts]).tolist()  # the one device sync of the iteration
     target, drafted = both[: k + 1], both[k + 1 :]
     n = 0
