@@ -71,10 +71,11 @@ class Sampler:
         return self.sample(probs), probs
 
 
-def _new_cache(model):
-    """The model's own cache when it brings one (runner.compact_draft), else transformers' DynamicCache."""
+def _new_cache(model, tokens: int = 0):
+    """The model's own cache when it brings one (runner.compact_llama; room for `tokens` reserved at once),
+    else transformers' DynamicCache."""
     if hasattr(model, "new_cache"):
-        return model.new_cache()
+        return model.new_cache(tokens)
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
@@ -141,7 +142,7 @@ def generate_plain(
     sampler = Sampler(temperature, top_p, seed, device, _vocab_size([model], vocab_size))
     stats, eos, tokens = Stats(), set(eos_ids), []
     start = time.perf_counter()
-    cache = _new_cache(model)
+    cache = _new_cache(model, len(ids) + max_new_tokens)
     last = _prefill(model, ids, cache, stats)
     done = max_new_tokens <= 0
     while not done:
@@ -346,7 +347,8 @@ def generate_speculative(
     costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
     judge = Guard(stats, max_k, min_acceptance, costs) if guard else None
     start = time.perf_counter()
-    target_cache, draft_cache = _new_cache(target), _new_cache(draft)
+    room = len(ids) + max_new_tokens + max_k + 1
+    target_cache, draft_cache = _new_cache(target, room), _new_cache(draft, room)
     last = _prefill(target, ids, target_cache, stats)
     pending = ids  # the draft's prefill comes with its first step
     done = max_new_tokens <= 0

@@ -10,7 +10,7 @@ import torch
 
 import runner.loading
 from bundler.errors import BundleError
-from runner.compact_draft import CompactLlama
+from runner.compact_llama import CompactLlama
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.run import run_unpacked
 from runner.speculative import generate_plain, generate_speculative

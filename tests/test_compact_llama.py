@@ -1,5 +1,6 @@
-"""The compact draft forward: the same logits as transformers on the same weights, a drop-in for the loop
-(greedy output equal to the target's: tests/test_draft_vocab.py runs it beside the transformers path)."""
+"""The compact Llama forward: the same logits as transformers on the same weights, a drop-in for the loop as
+draft and as target (greedy output equal to the target's: here, and tests/test_draft_vocab.py runs the
+draft beside the transformers path)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from runner.compact_draft import CompactLlama, supports
+from runner.compact_llama import CompactLlama, supports
 from runner.draft_vocab import SubsetHeadDraft
-from runner.run import runtime_draft
-from runner.speculative import generate_speculative
+from runner.run import runtime_draft, runtime_target
+from runner.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, tiny_llama, tiny_llama_config
 
 torch.set_num_threads(1)
@@ -84,7 +85,7 @@ def test_drafts_it_does_not_compute_exactly_run_through_transformers(change: dic
     from transformers import LlamaForCausalLM
 
     draft = LlamaForCausalLM(config).eval()
-    assert runtime_draft(draft, {}) is draft
+    assert runtime_draft(draft, {}) is draft and runtime_target(draft) is draft
     assert isinstance(runtime_draft(draft, {"draft_vocab": [0, 1, 2]}), SubsetHeadDraft)
     with pytest.raises(ValueError):
         CompactLlama(draft)
@@ -95,3 +96,26 @@ def test_a_plain_llama_draft_runs_compact(target) -> None:
     assert supports(draft.config)
     assert isinstance(runtime_draft(draft, {}), CompactLlama)
     assert runtime_draft(draft, {"draft_vocab": [0, 1, 2]}).ids.tolist() == [0, 1, 2]
+
+
+def test_a_llama_target_runs_compact_to_the_same_greedy_output() -> None:
+    """The target through our forward: plain decoding gives transformers' tokens, and so does speculation
+    with both models compact (fp32, 4 layers, GQA, 120 tokens)."""
+    target = tiny_llama(V, seed=11, hidden=64, layers=4, heads=4, kv_heads=2, init_std=0.15)
+    fast = runtime_target(target)
+    assert isinstance(fast, CompactLlama) and fast.ids is None
+    prompt = [5, 17, 40, 9, 33]
+    want = generate_plain(target, prompt, 120).tokens
+    assert generate_plain(fast, prompt, 120).tokens == want
+    draft = runtime_draft(layer_skip_draft(target, 2), {})
+    run = generate_speculative(fast, draft, prompt, 120, draft_tokens=4, guard=False)
+    assert run.tokens == want and run.stats.drafted > 0
+
+
+def test_new_cache_reserves_the_room_asked_for_once() -> None:
+    model = CompactLlama(tiny_llama(V, seed=2, hidden=32, layers=2, heads=4, kv_heads=2))
+    cache = model.new_cache(300)
+    keys = cache.keys
+    assert keys.shape[3] >= 300 and cache.get_seq_length() == 0
+    _steps(model, cache, [torch.arange(3, 103), *torch.arange(103, 303).split(1)])
+    assert cache.keys is keys and cache.get_seq_length() == 300  # filled to the brim without a copy
