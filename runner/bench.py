@@ -14,7 +14,7 @@ import torch
 
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
-from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
+from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft
 from runner.metrics import Stats
 from runner.speculative import _logits, _new_cache, _prefill, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
@@ -118,14 +118,12 @@ def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) ->
 
 
 def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
-    """One prompt: tokens, the speed-ups over the target alone and over our plain decoding, how well the draft did."""
-    ours = runs["bundle"]
-    speedup = lambda plain: round((len(ours.tokens[i]) / stats.elapsed_s) / (len(plain.tokens[i]) / plain.stats[i].elapsed_s), 3)  # noqa: E731
+    """One prompt: tokens, the speed-up over the target alone, and how well the draft did."""
+    plain, ours = runs["target_only"], runs["bundle"]
     return {
         "prompt": i,
         "new_tokens": len(ours.tokens[i]),
-        "speedup_vs_target": speedup(runs["target_only"]),
-        "speedup_vs_runner_plain": speedup(runs["runner_plain"]),
+        "speedup_vs_target": round((len(ours.tokens[i]) / stats.elapsed_s) / (len(plain.tokens[i]) / plain.stats[i].elapsed_s), 3),
         "per_token_acceptance": round(stats.acceptance or 0.0, 3),
         "mean_accepted_length": round(stats.mean_accepted_length or 0.0, 3),
         "fallback_at": stats.fallback["at_token"] if stats.fallback else None,
@@ -138,21 +136,17 @@ def _pooled(runs: Sequence[Run]) -> Run:
 
 
 def _fastest(runs: Mapping[str, Run]) -> tuple[str, str]:
-    """The faster setting of transformers' assisted generation, and the fastest plain decoding: transformers
-    in each dtype, or our runner's own plain decoding (its forward, without a draft)."""
+    """The faster setting of transformers' assisted generation, and the fastest plain dtype."""
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
-    plain = [f"target_only_{d}" for d in PLAIN_DTYPES] + ["runner_plain"]
-    return max(("hf_assisted_default", "hf_assisted_k"), key=tps), max(plain, key=tps)
+    return max(("hf_assisted_default", "hf_assisted_k"), key=tps), max((f"target_only_{d}" for d in PLAIN_DTYPES), key=tps)
 
 
 def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
-    """One round's speed-ups of the bundle over the target alone (transformers, the bundle's dtype), our own
-    plain decoding (what speculation alone gains), the best assisted setting and the fastest plain decoding."""
+    """One round's speed-ups of the bundle over the target alone, the best assisted setting and plain dtype."""
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
     hf, fastest = _fastest(runs)
-    return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_runner_plain": tps("bundle") / tps("runner_plain"),
-            "speedup_vs_hf_assisted": tps("bundle") / tps(hf), "speedup_vs_fastest_plain": tps("bundle") / tps(fastest),
-            "fastest_plain": fastest}
+    return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_hf_assisted": tps("bundle") / tps(hf),
+            "speedup_vs_fastest_plain": tps("bundle") / tps(fastest), "fastest_plain": fastest}
 
 
 def bench_unpacked(
@@ -186,26 +180,23 @@ def bench_unpacked(
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
     load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]))  # noqa: E731
     target, plain_draft = load("target", dtype), load("draft", dtype)
-    # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
-    # models as transformers loads them.
-    fast_target, draft = runtime_target(target), runtime_draft(plain_draft, checked)
+    draft = runtime_draft(plain_draft, checked)  # ours; transformers' assisted generation gets the plain draft
 
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
     ours = lambda x: (lambda r: (r.tokens, r.stats))(  # noqa: E731
-        generate_speculative(fast_target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
+        generate_speculative(target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
                              draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos, min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)), vocab_size=vocab)
     )
     others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
     methods: dict[str, Callable[[list[int]], tuple[list[int], Any]]] = {
         "target_only": plain(target),
-        **({"runner_plain": plain(fast_target)} if fast_target is not target else {}),
         "bundle": ours,
         "hf_assisted_default": _hf_assisted(target, plain_draft, eos, max_new_tokens, None),
         "hf_assisted_k": _hf_assisted(target, plain_draft, eos, max_new_tokens, k),
         **{f"target_only_{other}": plain(model) for other, model in others.items()},
     }
     say("warming up")
-    for model in {id(m): m for m in (target, fast_target, draft, *others.values())}.values():
+    for model in (target, draft, *others.values()):
         generate_plain(model, ids[0], 8, eos_ids=eos)
     # Prompt by prompt, every method in turn (the order rotating): a machine that speeds up or slows down
     # during the bench (other load, clocks) then moves every method alike, and the ratios stay fair.
@@ -219,7 +210,6 @@ def bench_unpacked(
             for name in names[turn:] + names[:turn]:
                 _timed([x], methods[name], into=runs[name])
         runs[f"target_only_{dtype}"] = runs["target_only"]
-        runs.setdefault("runner_plain", runs["target_only"])  # a target our forward does not run: transformers'
         rounds.append(runs)
     draft_only = _timed(ids[:2], plain(draft))  # for the cost ratio
     del others
@@ -232,9 +222,7 @@ def bench_unpacked(
     accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
     rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
     alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
-    # Costs relative to a step of the target as the loop runs it (our plain decoding's step): the theory
-    # then predicts what speculation alone gains, and the efficiency compares it with speedup_vs_runner_plain.
-    step_s = runs["runner_plain"].seconds / max(runs["runner_plain"].new_tokens, 1)
+    step_s = runs["target_only"].seconds / max(runs["target_only"].new_tokens, 1)
     cost = (runs["draft_only"].seconds / max(runs["draft_only"].new_tokens, 1)) / step_s
     verifies = sum(s.verifies_timed for s in stats)
     verify_ratio = (sum(s.verify_time_s for s in stats) / verifies / step_s) if verifies else 1.0
@@ -249,11 +237,9 @@ def bench_unpacked(
     identical = all(d is None or d["tie"] for d in differences)
     median = lambda key: statistics.median(r[key] for r in ratios)  # noqa: E731
     speedup = median("speedup_vs_target")
-    spec_gain = median("speedup_vs_runner_plain")
     return {
         "runs": {**{name: run.as_dict() for name, run in runs.items()}, "hf_assisted": {**runs[hf_best].as_dict(), "setting": hf_best}},
         "speedup_vs_target": round(speedup, 3),
-        "speedup_vs_runner_plain": round(spec_gain, 3),
         "speedup_vs_hf_assisted": round(median("speedup_vs_hf_assisted"), 3),
         "speedup_vs_fastest_plain": round(median("speedup_vs_fastest_plain"), 3),
         "fastest_plain": fastest_plain,
@@ -267,11 +253,10 @@ def bench_unpacked(
         "theoretical_speedup": round(theoretical, 3),
         "theoretical_speedup_speculating": round(per_iteration, 3),
         "speculative_share": round(spec_tokens / max(runs["bundle"].new_tokens, 1), 3),
-        "efficiency": round(spec_gain / theoretical, 3) if theoretical else None,
+        "efficiency": round(speedup / theoretical, 3) if theoretical else None,
         "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, 2 * k), 3),
         "identical_output": identical,
         "exactly_identical": all(d is None for d in differences),
-        "runner_plain_identical": first["runner_plain"].tokens == first["target_only"].tokens,
         "differences": [{"prompt": i, **d} for i, d in enumerate(differences) if d],
         "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(first["bundle"].stats) if s.fallback],
         "per_prompt": [_per_prompt(i, first, s) for i, s in enumerate(first["bundle"].stats)],

@@ -1,12 +1,13 @@
-"""Llama models (target and draft) stepped by a forward pass of our own, with a KV cache of our own.
+"""Llama models stepped by a forward pass of our own, with a KV cache of our own: the draft's forward.
 
 Why not transformers' forward: it adds fixed work around every call (mask construction, cache objects,
-the rotary module, output classes), and the decoding loop makes one call per token. A 2-layer, 256-wide
-draft does about 1 ms of matrix work per step on this CPU and transformers added more than that; the
-30-layer demo target takes 36 ms per step through transformers and 32 through this forward (bf16, 2
-threads), the same logits bit for bit. It runs only the architecture it implements exactly (`supports`:
-Llama without biases, SiLU MLP, default RoPE); tests check its logits against transformers' on the same
-weights. Any other model runs through transformers as before.
+the rotary module, output classes), and the decoding loop makes one call per drafted token. A 2-layer,
+256-wide draft does about 1 ms of matrix work per step on this CPU and transformers added more than
+that. The draft only decides which tokens are proposed, and the target still verifies every one, so this
+changes the speed of decoding, never its output. It runs only the architecture it implements exactly
+(`supports`: Llama without biases, SiLU MLP, default RoPE); tests check its logits against transformers'
+on the same weights. It can run a target too (fp32: transformers' tokens exactly), but the runner keeps
+transformers for the target: in bf16 the rounding differs over long runs (README.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from runner.compact_llama import CompactLlama, supports
 from runner.draft_vocab import SubsetHeadDraft
-from runner.run import runtime_draft, runtime_target
+from runner.run import runtime_draft
 from runner.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, tiny_llama, tiny_llama_config
 
@@ -85,7 +85,7 @@ def test_drafts_it_does_not_compute_exactly_run_through_transformers(change: dic
     from transformers import LlamaForCausalLM
 
     draft = LlamaForCausalLM(config).eval()
-    assert runtime_draft(draft, {}) is draft and runtime_target(draft) is draft
+    assert runtime_draft(draft, {}) is draft
     assert isinstance(runtime_draft(draft, {"draft_vocab": [0, 1, 2]}), SubsetHeadDraft)
     with pytest.raises(ValueError):
         CompactLlama(draft)
@@ -98,12 +98,11 @@ def test_a_plain_llama_draft_runs_compact(target) -> None:
     assert runtime_draft(draft, {"draft_vocab": [0, 1, 2]}).ids.tolist() == [0, 1, 2]
 
 
-def test_a_llama_target_runs_compact_to_the_same_greedy_output() -> None:
-    """The target through our forward: plain decoding gives transformers' tokens, and so does speculation
-    with both models compact (fp32, 4 layers, GQA, 120 tokens)."""
+def test_a_deeper_llama_runs_compact_to_the_same_greedy_output() -> None:
+    """A 4-layer GQA Llama through our forward (fp32, 120 tokens): plain decoding gives transformers'
+    tokens, and so does speculation with it as the target and a compact draft."""
     target = tiny_llama(V, seed=11, hidden=64, layers=4, heads=4, kv_heads=2, init_std=0.15)
-    fast = runtime_target(target)
-    assert isinstance(fast, CompactLlama) and fast.ids is None
+    fast = CompactLlama(target)
     prompt = [5, 17, 40, 9, 33]
     want = generate_plain(target, prompt, 120).tokens
     assert generate_plain(fast, prompt, 120).tokens == want
