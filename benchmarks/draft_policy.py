@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from runner.draft_vocab import read_draft_vocab  # noqa: E402
 from runner.loading import load_model  # noqa: E402
-from runner.run import _prompt_ids, runtime_draft  # noqa: E402
+from runner.run import _eos_ids, _prompt_ids, runtime_draft  # noqa: E402
 from runner.speculative import _logits, _new_cache, generate_plain  # noqa: E402
+from runner.tokenizer_gate import load_spec  # noqa: E402
 
 KMAX = 8
 
@@ -115,10 +116,10 @@ def main() -> int:
     ctx = Path(args.ctx)
     tokenizer = AutoTokenizer.from_pretrained(ctx / "tokenizer")
     vocab_file = ctx / "draft" / "draft_vocab.json"
-    ids = read_draft_vocab(vocab_file, len(tokenizer)) if vocab_file.exists() else None
+    ids = read_draft_vocab(vocab_file, load_spec(ctx / "tokenizer").vocab_size) if vocab_file.exists() else None
     target = load_model(ctx / "target", args.dtype, "cpu", role="target")
     draft = runtime_draft(load_model(ctx / "draft", args.dtype, "cpu", role="draft"), {"draft_vocab": ids})
-    eos = {int(tokenizer.eos_token_id)}
+    eos = _eos_ids(tokenizer, ctx / "target")  # the stop tokens bundle run uses
     prompts = [_prompt_ids(tokenizer, json.loads(line)["prompt"], raw=False)
                for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     outputs = [generate_plain(target, p, args.max_new_tokens, eos_ids=eos).tokens for p in prompts]
