@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from runner.draft_vocab import read_draft_vocab  # noqa: E402
 from runner.loading import load_model  # noqa: E402
-from runner.run import _eos_ids, _prompt_ids, runtime_draft  # noqa: E402
+from runner.run import _eos_ids, _prompt_ids, runtime_draft, runtime_target  # noqa: E402
 from runner.speculative import _logits, _new_cache, generate_plain  # noqa: E402
 from runner.tokenizer_gate import load_spec  # noqa: E402
 
@@ -117,7 +117,7 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(ctx / "tokenizer")
     vocab_file = ctx / "draft" / "draft_vocab.json"
     ids = read_draft_vocab(vocab_file, load_spec(ctx / "tokenizer").vocab_size) if vocab_file.exists() else None
-    target = load_model(ctx / "target", args.dtype, "cpu", role="target")
+    target = runtime_target(load_model(ctx / "target", args.dtype, "cpu", role="target"))  # as bundle run runs both
     draft = runtime_draft(load_model(ctx / "draft", args.dtype, "cpu", role="draft"), {"draft_vocab": ids})
     eos = _eos_ids(tokenizer, ctx / "target")  # the stop tokens bundle run uses
     prompts = [_prompt_ids(tokenizer, json.loads(line)["prompt"], raw=False)

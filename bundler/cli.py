@@ -349,16 +349,18 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
         table.add_row(name, f"{run['tokens_per_second']:.1f}", str(run["new_tokens"]), f"{run['seconds']:.2f}")
     console = Console()
     console.print(table)
-    for key in ("speedup_vs_target", "speedup_vs_hf_assisted", "speedup_vs_fastest_plain", "acceptance_rate", "per_token_acceptance",
+    for key in ("speedup_vs_target", "speedup_vs_runner_plain", "speedup_vs_hf_assisted", "speedup_vs_fastest_plain", "acceptance_rate", "per_token_acceptance",
                 "mean_accepted_length", "cost_ratio", "verify_cost_ratio", "theoretical_speedup", "efficiency", "break_even_acceptance", "identical_output"):
         console.print(f"{key:<26} {result[key]}")
-    per_prompt = Table("prompt", "tokens", "x target", "acceptance", "accepted/pass", "fallback at")
+    per_prompt = Table("prompt", "tokens", "x target", "x our plain", "acceptance", "accepted/pass", "fallback at")
     for p in result["per_prompt"]:
-        per_prompt.add_row(str(p["prompt"]), str(p["new_tokens"]), f"{p['speedup_vs_target']:.2f}", f"{p['per_token_acceptance']:.2f}",
+        per_prompt.add_row(str(p["prompt"]), str(p["new_tokens"]), f"{p['speedup_vs_target']:.2f}", f"{p['speedup_vs_runner_plain']:.2f}",
+                           f"{p['per_token_acceptance']:.2f}",
                            f"{p['mean_accepted_length']:.2f}", "-" if p["fallback_at"] is None else str(p["fallback_at"]))
     console.print(per_prompt)
     for d in result["differences"]:
-        console.print(f"prompt {d['prompt']}: differs from the target alone at token {d['position']} (tie: {d['tie']}, gap {d['gap']})")
+        gaps = f"bf16 steps apart: {d.get('target_alone_gap_bf16_steps')} target alone, {d.get('bundle_pass_gap_bf16_steps')} in the bundle's pass"
+        console.print(f"prompt {d['prompt']}: differs from the target alone at token {d['position']} (tie: {d['tie']}; {gaps})")
     for f in result["fallbacks"]:
         console.print(f"prompt {f['prompt']}: fell back at token {f['at_token']}: {f['reason']}")
 

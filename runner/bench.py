@@ -14,7 +14,7 @@ import torch
 
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
-from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft
+from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
 from runner.metrics import Stats
 from runner.speculative import _logits, _new_cache, _prefill, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
@@ -74,14 +74,38 @@ def bf16_step(value: float) -> float:
     return 2.0 ** (math.floor(math.log2(abs(value))) - 7) if value else 2.0**-133
 
 
-def first_difference(target, prompt: list[int], expected: list[int], got: list[int], dtype: str) -> dict[str, Any] | None:
-    """Where `got` leaves the target's own output, and whether that is a tie of the target's own numerics.
+def replay(target, tokens: list[int], calls: Sequence[tuple[int, int]], position: int) -> torch.Tensor:
+    """The target's logits for the token at `position` of `tokens` (prompt included), computed exactly as a
+    run computed them: the run's forward calls (`Stats.target_calls`: cache length before, tokens in),
+    replayed in order up to the last call that covered position - 1. Inputs past what `tokens` holds (drafts
+    the run rejected) are filler: with causal attention a row's numbers depend on the rows before it and on
+    the call's shape, not on the tokens after it."""
+    cache, row = _new_cache(target), None
+    with torch.inference_mode():
+        for start, n in calls:
+            if start > position - 1:
+                break
+            if cache.get_seq_length() > start:
+                cache.crop(start - cache.get_seq_length())  # back to where the call began
+            chunk = (tokens[start:start + n] + [tokens[-1]] * n)[:n]
+            logits = _logits(target, torch.tensor(chunk, device=target.device), cache, last_only=False)
+            if position - 1 < start + n:
+                row = logits[position - 1 - start]
+    if row is None:
+        raise ValueError(f"no recorded call computed position {position}")
+    return row.float()
 
-    The logits are those of the target-alone run itself: its path (prefill, then one token per step) is
-    replayed up to the first difference, so the gap is measured in the numerics that chose `expected`.
-    In half precision it is a tie when the top two logits are within one bf16 step, or when the target
-    itself, computing the last few positions in one pass as a verify pass does, picks the token `got` has:
-    both tokens are then the target's greedy choice, each for one way of computing the same prefix."""
+
+def first_difference(target, prompt: list[int], expected: list[int], got: list[int], dtype: str,
+                     calls: Sequence[tuple[int, int]] | None = None, bundle_target=None) -> dict[str, Any] | None:
+    """Where `got` (the bundle's output) leaves `expected` (the target alone's), and whether that is a tie.
+
+    Both computations are replayed to the first difference: the target alone's path (prefill, then one
+    token per step), and, given the bundle run's `calls`, the bundle's own (its prefill and verify passes,
+    on `bundle_target`, the forward it ran). In bfloat16 it is a tie when the two tokens' logits are within
+    one bf16 step in either: the target, computing the same prefix in one of the two ways, rates them equal
+    to bf16 precision, and each run took its own computation's top token (`replayed` checks the bundle's).
+    In float32 only an exact tie counts."""
     i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
     if i is None:
         return None if len(expected) == len(got) else {"position": min(len(expected), len(got)), "tie": False, "gap": None}
@@ -93,17 +117,23 @@ def first_difference(target, prompt: list[int], expected: list[int], got: list[i
             _logits(target, last, cache, last_only=True)
             last = token.view(1)
         logits = _logits(target, last, cache, last_only=True)[-1].float()
-        in_one_pass = []
-        if dtype != "float32":
-            for m in range(2, min(6, len(ids)) + 1):  # the last m positions in one pass, as verify passes run
-                cache.crop(-m)
-                in_one_pass.append(int(_logits(target, ids[-m:], cache, last_only=True)[-1].argmax()))
     top2 = torch.topk(logits, 2).values.tolist()
-    gap = top2[0] - top2[1]
-    step = bf16_step(top2[0]) if dtype != "float32" else 0.0
-    picked = got[i] in in_one_pass
-    return {"position": i, "tie": gap <= step or picked, "gap": gap, "gap_bf16_steps": round(gap / bf16_step(top2[0]), 2),
-            "top_logit": top2[0], "verify_pass_picks_it": picked}
+    step = lambda a, b: bf16_step(max(a, b, key=abs))  # noqa: E731
+    alone = float(logits[expected[i]] - logits[got[i]])
+    alone_steps = alone / step(float(logits[expected[i]]), float(logits[got[i]]))
+    out = {"position": i, "gap": top2[0] - top2[1], "gap_bf16_steps": round((top2[0] - top2[1]) / bf16_step(top2[0]), 2),
+           "top_logit": top2[0], "target_alone_gap_bf16_steps": round(alone_steps, 2)}
+    bundle_steps = None
+    if calls is not None and bundle_target is not None:
+        theirs = replay(bundle_target, prompt + got, calls, len(prompt) + i)
+        bundle = float(theirs[got[i]] - theirs[expected[i]])
+        bundle_steps = bundle / step(float(theirs[got[i]]), float(theirs[expected[i]]))
+        out.update(bundle_pass_gap_bf16_steps=round(bundle_steps, 2), replayed=int(theirs.argmax()) == got[i])
+    if dtype == "float32":
+        out["tie"] = alone == 0.0
+    else:
+        out["tie"] = alone_steps <= 1.0 or (bool(out.get("replayed")) and bundle_steps is not None and bundle_steps <= 1.0)
+    return out
 
 
 def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) -> float:
@@ -118,12 +148,14 @@ def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) ->
 
 
 def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
-    """One prompt: tokens, the speed-up over the target alone, and how well the draft did."""
-    plain, ours = runs["target_only"], runs["bundle"]
+    """One prompt: tokens, the speed-ups over the target alone and over our plain decoding, how well the draft did."""
+    ours = runs["bundle"]
+    speedup = lambda plain: round((len(ours.tokens[i]) / stats.elapsed_s) / (len(plain.tokens[i]) / plain.stats[i].elapsed_s), 3)  # noqa: E731
     return {
         "prompt": i,
         "new_tokens": len(ours.tokens[i]),
-        "speedup_vs_target": round((len(ours.tokens[i]) / stats.elapsed_s) / (len(plain.tokens[i]) / plain.stats[i].elapsed_s), 3),
+        "speedup_vs_target": speedup(runs["target_only"]),
+        "speedup_vs_runner_plain": speedup(runs["runner_plain"]),
         "per_token_acceptance": round(stats.acceptance or 0.0, 3),
         "mean_accepted_length": round(stats.mean_accepted_length or 0.0, 3),
         "fallback_at": stats.fallback["at_token"] if stats.fallback else None,
@@ -136,17 +168,21 @@ def _pooled(runs: Sequence[Run]) -> Run:
 
 
 def _fastest(runs: Mapping[str, Run]) -> tuple[str, str]:
-    """The faster setting of transformers' assisted generation, and the fastest plain dtype."""
+    """The faster setting of transformers' assisted generation, and the fastest plain decoding: transformers
+    in each dtype, or our runner's own plain decoding (its forward, without a draft)."""
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
-    return max(("hf_assisted_default", "hf_assisted_k"), key=tps), max((f"target_only_{d}" for d in PLAIN_DTYPES), key=tps)
+    plain = [f"target_only_{d}" for d in PLAIN_DTYPES] + ["runner_plain"]
+    return max(("hf_assisted_default", "hf_assisted_k"), key=tps), max(plain, key=tps)
 
 
 def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
-    """One round's speed-ups of the bundle over the target alone, the best assisted setting and plain dtype."""
+    """One round's speed-ups of the bundle over the target alone (transformers, the bundle's dtype), our own
+    plain decoding (what speculation alone gains), the best assisted setting and the fastest plain decoding."""
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
     hf, fastest = _fastest(runs)
-    return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_hf_assisted": tps("bundle") / tps(hf),
-            "speedup_vs_fastest_plain": tps("bundle") / tps(fastest), "fastest_plain": fastest}
+    return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_runner_plain": tps("bundle") / tps("runner_plain"),
+            "speedup_vs_hf_assisted": tps("bundle") / tps(hf), "speedup_vs_fastest_plain": tps("bundle") / tps(fastest),
+            "fastest_plain": fastest}
 
 
 def bench_unpacked(
@@ -180,23 +216,26 @@ def bench_unpacked(
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
     load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]))  # noqa: E731
     target, plain_draft = load("target", dtype), load("draft", dtype)
-    draft = runtime_draft(plain_draft, checked)  # ours; transformers' assisted generation gets the plain draft
+    # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
+    # models as transformers loads them.
+    fast_target, draft = runtime_target(target), runtime_draft(plain_draft, checked)
 
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
     ours = lambda x: (lambda r: (r.tokens, r.stats))(  # noqa: E731
-        generate_speculative(target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
+        generate_speculative(fast_target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
                              draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos, min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)), vocab_size=vocab)
     )
     others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
     methods: dict[str, Callable[[list[int]], tuple[list[int], Any]]] = {
         "target_only": plain(target),
+        **({"runner_plain": plain(fast_target)} if fast_target is not target else {}),
         "bundle": ours,
         "hf_assisted_default": _hf_assisted(target, plain_draft, eos, max_new_tokens, None),
         "hf_assisted_k": _hf_assisted(target, plain_draft, eos, max_new_tokens, k),
         **{f"target_only_{other}": plain(model) for other, model in others.items()},
     }
     say("warming up")
-    for model in (target, draft, *others.values()):
+    for model in {id(m): m for m in (target, fast_target, draft, *others.values())}.values():
         generate_plain(model, ids[0], 8, eos_ids=eos)
     # Prompt by prompt, every method in turn (the order rotating): a machine that speeds up or slows down
     # during the bench (other load, clocks) then moves every method alike, and the ratios stay fair.
@@ -210,6 +249,7 @@ def bench_unpacked(
             for name in names[turn:] + names[:turn]:
                 _timed([x], methods[name], into=runs[name])
         runs[f"target_only_{dtype}"] = runs["target_only"]
+        runs.setdefault("runner_plain", runs["target_only"])  # a target our forward does not run: transformers'
         rounds.append(runs)
     draft_only = _timed(ids[:2], plain(draft))  # for the cost ratio
     del others
@@ -222,7 +262,9 @@ def bench_unpacked(
     accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
     rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
     alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
-    step_s = runs["target_only"].seconds / max(runs["target_only"].new_tokens, 1)
+    # Costs relative to a step of the target as the loop runs it (our plain decoding's step): the theory
+    # then predicts what speculation alone gains, and the efficiency compares it with speedup_vs_runner_plain.
+    step_s = runs["runner_plain"].seconds / max(runs["runner_plain"].new_tokens, 1)
     cost = (runs["draft_only"].seconds / max(runs["draft_only"].new_tokens, 1)) / step_s
     verifies = sum(s.verifies_timed for s in stats)
     verify_ratio = (sum(s.verify_time_s for s in stats) / verifies / step_s) if verifies else 1.0
@@ -233,13 +275,16 @@ def bench_unpacked(
     spec_tokens = sum(s.spec_tokens for s in stats)
     plain_tokens = max(runs["bundle"].new_tokens - spec_tokens, 0)  # spec_tokens counts a cut last batch whole
     theoretical = (spec_tokens + plain_tokens) / (spec_tokens / per_iteration + plain_tokens) if spec_tokens + plain_tokens else 1.0
-    differences = [first_difference(target, p, t, b, dtype) for p, t, b in zip(ids, first["target_only"].tokens, first["bundle"].tokens)]
+    differences = [first_difference(target, p, t, b, dtype, s.target_calls, fast_target)
+                   for p, t, b, s in zip(ids, first["target_only"].tokens, first["bundle"].tokens, first["bundle"].stats)]
     identical = all(d is None or d["tie"] for d in differences)
     median = lambda key: statistics.median(r[key] for r in ratios)  # noqa: E731
     speedup = median("speedup_vs_target")
+    spec_gain = median("speedup_vs_runner_plain")
     return {
         "runs": {**{name: run.as_dict() for name, run in runs.items()}, "hf_assisted": {**runs[hf_best].as_dict(), "setting": hf_best}},
         "speedup_vs_target": round(speedup, 3),
+        "speedup_vs_runner_plain": round(spec_gain, 3),
         "speedup_vs_hf_assisted": round(median("speedup_vs_hf_assisted"), 3),
         "speedup_vs_fastest_plain": round(median("speedup_vs_fastest_plain"), 3),
         "fastest_plain": fastest_plain,
@@ -253,10 +298,11 @@ def bench_unpacked(
         "theoretical_speedup": round(theoretical, 3),
         "theoretical_speedup_speculating": round(per_iteration, 3),
         "speculative_share": round(spec_tokens / max(runs["bundle"].new_tokens, 1), 3),
-        "efficiency": round(speedup / theoretical, 3) if theoretical else None,
+        "efficiency": round(spec_gain / theoretical, 3) if theoretical else None,
         "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, 2 * k), 3),
         "identical_output": identical,
         "exactly_identical": all(d is None for d in differences),
+        "runner_plain_identical": first["runner_plain"].tokens == first["target_only"].tokens,
         "differences": [{"prompt": i, **d} for i, d in enumerate(differences) if d],
         "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(first["bundle"].stats) if s.fallback],
         "per_prompt": [_per_prompt(i, first, s) for i, s in enumerate(first["bundle"].stats)],

@@ -1,13 +1,13 @@
-"""Llama models stepped by a forward pass of our own, with a KV cache of our own: the draft's forward.
+"""Llama models (target and draft) stepped by a forward pass of our own, with a KV cache of our own.
 
 Why not transformers' forward: it adds fixed work around every call (mask construction, cache objects,
-the rotary module, output classes), and the decoding loop makes one call per drafted token. A 2-layer,
-256-wide draft does about 1 ms of matrix work per step on this CPU and transformers added more than
-that. The draft only decides which tokens are proposed, and the target still verifies every one, so this
-changes the speed of decoding, never its output. It runs only the architecture it implements exactly
-(`supports`: Llama without biases, SiLU MLP, default RoPE); tests check its logits against transformers'
-on the same weights. It can run a target too (fp32: transformers' tokens exactly), but the runner keeps
-transformers for the target: in bf16 the rounding differs over long runs (README.md).
+the rotary module, output classes), and the decoding loop makes one call per token. A 2-layer, 256-wide
+draft does about 1 ms of matrix work per step on this CPU and transformers added more than that; the
+30-layer demo target takes 36 ms per step through transformers and 32 through this forward (bf16, 2
+threads). The logits are transformers' bit for bit, in bf16 too: the same operations in the same order,
+the same rotary frequencies, attention called the way transformers' SDPA path calls it. It runs only the
+architecture it implements exactly (`supports`: Llama without biases, SiLU MLP, default RoPE); tests
+check its logits against transformers' on the same weights. Any other model runs through transformers.
 """
 
 from __future__ import annotations
@@ -92,13 +92,15 @@ class CompactLlama(torch.nn.Module):
         self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps = c.rms_norm_eps
+        self.scale = self.head_dim**-0.5  # as transformers passes it
         self.full_size = model.lm_head.out_features
         weight = model.lm_head.weight
         index, head = (None, weight) if ids is None else head_rows(weight, ids)
         self.register_buffer("ids", index, persistent=False)
         self.register_buffer("head", head, persistent=False)
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=weight.device) / self.head_dim
-        self.register_buffer("inv_freq", 1.0 / (c.rope_parameters["rope_theta"] ** exponent), persistent=False)
+        # transformers' own frequencies, as its rotary module holds them (rounded to bf16 when the model was
+        # cast after loading) and uses them (in float32).
+        self.register_buffer("inv_freq", model.model.rotary_emb.inv_freq.float(), persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -122,9 +124,13 @@ class CompactLlama(torch.nn.Module):
         angles = torch.outer(torch.arange(start, end, device=x.device, dtype=torch.float32), self.inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        mask = None  # one new token sees the whole cache; several see it and the ones before them
-        if t > 1:
-            mask = torch.arange(end, device=x.device)[None, :] <= torch.arange(start, end, device=x.device)[:, None]
+        # Attention called as transformers' SDPA path calls it: a prefill into an empty cache is causal without
+        # a mask; one token sees the whole cache; several tokens on top of a cache get a boolean mask. (There
+        # transformers repeats the key/value heads; grouped-query SDPA gives the same bf16 numbers without the
+        # copies: tests/test_compact_llama.py checks every logit bit for bit.)
+        mask = None
+        if t > 1 and start > 0:
+            mask = (torch.arange(end, device=x.device)[None, :] <= torch.arange(start, end, device=x.device)[:, None]).view(1, 1, t, end)
         for i, layer in enumerate(body.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
@@ -134,8 +140,8 @@ class CompactLlama(torch.nn.Module):
             cache.keys[i, :, :, start:end] = _rotate(k, cos, sin)
             cache.values[i, :, :, start:end] = v
             out = F.scaled_dot_product_attention(
-                _rotate(q, cos, sin), cache.keys[i, :, :, :end], cache.values[i, :, :, :end],
-                attn_mask=mask, enable_gqa=self.heads != self.kv_heads,
+                _rotate(q, cos, sin), cache.keys[i, :, :, :end], cache.values[i, :, :, :end], attn_mask=mask,
+                is_causal=t > 1 and start == 0, scale=self.scale, enable_gqa=self.heads != self.kv_heads,
             )
             x = x + F.linear(out.transpose(1, 2).reshape(1, t, -1), attn.o_proj.weight)
             h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)

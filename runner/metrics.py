@@ -58,6 +58,9 @@ class Stats:
     draft_tokens_final: int | None = None
     predicted_speedup: float | None = None  # the guard's last prediction (best k)
     fallback: dict | None = None  # {"at_token", "reason"} once the guard switched to plain decoding
+    # (cache length before, tokens in) of every target forward, in order: how the target computed each
+    # position, so a difference from plain decoding can be replayed in the same numerics (runner.bench).
+    target_calls: list[tuple[int, int]] = field(default_factory=list)
 
     def record_verify(self, k: int, n: int) -> None:
         """One verify pass over k drafted tokens, of which the first n were accepted."""

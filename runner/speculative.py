@@ -90,6 +90,7 @@ def _logits(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
 def _prefill(model, ids: torch.Tensor, cache, stats: Stats) -> torch.Tensor:
     """Puts all but the last prompt token in the cache; returns the last one, still to be run."""
     if len(ids) > 1:
+        stats.target_calls.append((0, len(ids) - 1))
         _logits(model, ids[:-1], cache, last_only=True)
         stats.target_passes += 1
     return ids[-1:]
@@ -146,6 +147,7 @@ def generate_plain(
     last = _prefill(model, ids, cache, stats)
     done = max_new_tokens <= 0
     while not done:
+        stats.target_calls.append((cache.get_seq_length(), 1))
         last, _ = sampler.pick(_logits(model, last, cache, last_only=True))
         stats.target_passes += 1
         new, done = _finish(tokens, last.tolist(), max_new_tokens, eos)
@@ -359,6 +361,7 @@ def generate_speculative(
         kk = len(drafts)
         sync()
         t1 = time.perf_counter()
+        stats.target_calls.append((target_cache.get_seq_length(), kk + 1))
         logits = _logits(target, torch.cat([last, drafts]), target_cache, last_only=False)
         n, last, new = verify(logits, drafts, q, sampler)
         t2 = time.perf_counter()
