@@ -15,8 +15,7 @@ import torch
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
 from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
-from runner.metrics import Stats
-from runner.speculative import _logits, _new_cache, _prefill, generate_plain, generate_speculative
+from runner.speculative import _logits, _new_cache, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
 
 PLAIN_DTYPES = ("float32", "bfloat16")
@@ -97,26 +96,20 @@ def replay(target, tokens: list[int], calls: Sequence[tuple[int, int]], position
 
 
 def first_difference(target, prompt: list[int], expected: list[int], got: list[int], dtype: str,
-                     calls: Sequence[tuple[int, int]] | None = None, bundle_target=None) -> dict[str, Any] | None:
+                     target_calls: Sequence[tuple[int, int]], calls: Sequence[tuple[int, int]] | None = None,
+                     bundle_target=None) -> dict[str, Any] | None:
     """Where `got` (the bundle's output) leaves `expected` (the target alone's), and whether that is a tie.
 
-    Both computations are replayed to the first difference: the target alone's path (prefill, then one
-    token per step), and, given the bundle run's `calls`, the bundle's own (its prefill and verify passes,
-    on `bundle_target`, the forward it ran). In bfloat16 it is a tie when the two tokens' logits are within
-    one bf16 step in either: the target, computing the same prefix in one of the two ways, rates them equal
-    to bf16 precision, and each run took its own computation's top token (`replayed` checks the bundle's).
-    In float32 only an exact tie counts."""
+    Both computations are replayed to the first difference: the target alone's (`target_calls`, its
+    prefill and single steps, on `target`), and, given the bundle run's `calls`, the bundle's own (its
+    prefill and verify passes, on `bundle_target`, the forward it ran). In bfloat16 it is a tie when the
+    two tokens' logits are within one bf16 step in either: the target, computing the same prefix in one of
+    the two ways, rates them equal to bf16 precision, and each run took its own computation's top token
+    (`replayed` checks the bundle's). In float32 only an exact tie counts."""
     i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
     if i is None:
         return None if len(expected) == len(got) else {"position": min(len(expected), len(got)), "tie": False, "gap": None}
-    with torch.inference_mode():
-        ids = torch.tensor(prompt + expected[:i], device=target.device)
-        cache = _new_cache(target)
-        last = _prefill(target, ids[: len(prompt)], cache, Stats())
-        for token in ids[len(prompt):]:
-            _logits(target, last, cache, last_only=True)
-            last = token.view(1)
-        logits = _logits(target, last, cache, last_only=True)[-1].float()
+    logits = replay(target, prompt + expected, target_calls, len(prompt) + i)
     top2 = torch.topk(logits, 2).values.tolist()
     step = lambda a, b: bf16_step(max(a, b, key=abs))  # noqa: E731
     alone = float(logits[expected[i]] - logits[got[i]])
@@ -275,8 +268,9 @@ def bench_unpacked(
     spec_tokens = sum(s.spec_tokens for s in stats)
     plain_tokens = max(runs["bundle"].new_tokens - spec_tokens, 0)  # spec_tokens counts a cut last batch whole
     theoretical = (spec_tokens + plain_tokens) / (spec_tokens / per_iteration + plain_tokens) if spec_tokens + plain_tokens else 1.0
-    differences = [first_difference(target, p, t, b, dtype, s.target_calls, fast_target)
-                   for p, t, b, s in zip(ids, first["target_only"].tokens, first["bundle"].tokens, first["bundle"].stats)]
+    alone, bundle = first["target_only"], first["bundle"]
+    differences = [first_difference(target, p, t, b, dtype, ts.target_calls, bs.target_calls, fast_target)
+                   for p, t, b, ts, bs in zip(ids, alone.tokens, bundle.tokens, alone.stats, bundle.stats)]
     identical = all(d is None or d["tie"] for d in differences)
     median = lambda key: statistics.median(r[key] for r in ratios)  # noqa: E731
     speedup = median("speedup_vs_target")

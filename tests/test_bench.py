@@ -52,14 +52,15 @@ def test_bench_refuses_a_prompts_file_that_is_not_json_lines(tmp_path: Path) -> 
 def test_first_difference_measures_the_gap_on_the_target_alones_own_path() -> None:
     target = tiny_llama(64, seed=0, hidden=32, layers=2, init_std=0.3)
     prompt = [5, 9, 12]
-    expected = generate_plain(target, prompt, 8).tokens
+    alone = generate_plain(target, prompt, 8)
+    expected, calls = alone.tokens, alone.stats.target_calls
     got = expected[:3] + [(expected[3] + 1) % 64] + expected[4:]
-    diff = first_difference(target, prompt, expected, got, "float32")
+    diff = first_difference(target, prompt, expected, got, "float32", calls)
     assert diff["position"] == 3 and diff["gap"] >= 0.0
     with torch.inference_mode():
         logits = target(input_ids=torch.tensor([prompt + expected[:3]])).logits[0, -1]
     assert int(logits.argmax()) == expected[3]
-    assert first_difference(target, prompt, expected, expected, "float32") is None
+    assert first_difference(target, prompt, expected, expected, "float32", calls) is None
 
 
 class _Recorder(torch.nn.Module):
@@ -102,10 +103,11 @@ def test_first_difference_replays_the_bundles_pass_and_judges_ties_in_both() -> 
     target = tiny_llama(64, seed=0, hidden=32, layers=2, init_std=0.3)
     prompt = [5, 9, 12]
     run = generate_speculative(target, layer_skip_draft(target, 1), prompt, 8, draft_tokens=3, guard=False)
-    expected = generate_plain(target, prompt, 8).tokens
+    alone = generate_plain(target, prompt, 8)
+    expected = alone.tokens
     assert run.tokens == expected  # fp32: token for token
     got = expected[:3] + [(expected[3] + 1) % 64] + expected[4:]
-    diff = first_difference(target, prompt, expected, got, "float32", run.stats.target_calls, target)
+    diff = first_difference(target, prompt, expected, got, "float32", alone.stats.target_calls, run.stats.target_calls, target)
     assert diff["position"] == 3 and diff["replayed"] is False and diff["bundle_pass_gap_bf16_steps"] < 0
     assert diff["tie"] is False and diff["target_alone_gap_bf16_steps"] > 0
 

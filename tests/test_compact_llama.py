@@ -56,8 +56,8 @@ def test_bfloat16_logits_are_transformers_bit_for_bit(kv_heads: int) -> None:
     chunks on top of the cache (the verify pass) give transformers' logits exactly, so a target run through
     this forward decodes to transformers' tokens, ties included."""
     model = tiny_llama(V, seed=6, hidden=64, layers=2, heads=4, kv_heads=kv_heads, init_std=0.2, dtype=torch.bfloat16)
-    ours, ours_cache, their_cache = CompactLlama(model), None, DynamicCache(config=model.config)
-    ours_cache = ours.new_cache(8)  # small: the cache grows on the way
+    ours = CompactLlama(model)
+    ours_cache, their_cache = ours.new_cache(8), DynamicCache(config=model.config)  # 8: the cache grows on the way
     g = torch.Generator().manual_seed(2)
     chunks = [torch.randint(3, V, (40,), generator=g)] + [torch.randint(3, V, (1,), generator=g) for _ in range(30)]
     for crop, chunk in [(None, chunks), (-3, [torch.randint(3, V, (5,), generator=g)]), (-4, [torch.randint(3, V, (n,), generator=g) for n in (2, 3, 4, 1)])]:
