@@ -7,7 +7,8 @@ The layers, outside in:
   predicate (v1.0)           {serialization: {method: files, hash_type: sha256, ...}, resources: [{name, algorithm, digest}], bundle: {...}}
 
 laid out exactly as `model_signing` 1.1.1 lays them out for an elliptic-key signature, so each tool verifies
-the other's signatures. The signature is ECDSA P-256 / SHA-256 over the DSSE PAE of the payload. The
+the other's signatures. The signature is ECDSA P-256 / SHA-256 over the DSSE PAE of the payload (the
+envelope and statement code is bundler.dsse, shared with run records). The
 subject digest is sha256 over the concatenated raw file digests in resource order; the subject name is
 informational (model_signing names it after the model directory and never compares it).
 Written with `cryptography` directly: model_signing pulls in protobuf models and sigstore clients that
@@ -16,8 +17,6 @@ the runtime does not need, and it is only used as a test cross-check.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import hashlib
 import json
@@ -28,17 +27,15 @@ from importlib import resources
 from typing import Any
 
 import jsonschema
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
 
+from bundler import dsse
 from bundler.errors import BundleError
 from bundler.keys import PrivateKey, PublicKey, key_id
 
 SIGSTORE_BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-DSSE_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = dsse.STATEMENT_TYPE
+DSSE_PAYLOAD_TYPE = dsse.PAYLOAD_TYPE
 
 # Top-level paths model_signing leaves out of a directory's hash by default (hashing.Config, ignore_git_paths).
 MODEL_SIGNING_IGNORED = (".git", ".gitattributes", ".github", ".gitignore")
@@ -70,8 +67,7 @@ def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key
     model_signing never hashes them. Errors: invalid-bundle for bad files or fields, key-error for a
     key that is not P-256.
     """
-    if not isinstance(private_key, ec.EllipticCurvePrivateKey) or not isinstance(private_key.curve, ec.SECP256R1):
-        raise BundleError("key-error", "signing key is not an ECDSA P-256 private key")
+    dsse.require_signing_key(private_key)
     for name, digest in files.items():
         problem = _unsafe_name(name) or _model_signing_ignores(name)
         if problem:
@@ -96,23 +92,12 @@ def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key
     problem = _schema_problem(predicate)
     if problem:
         raise BundleError("invalid-bundle", f"cannot sign: {problem}")
-    statement = {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": model_name, "digest": {"sha256": _root_digest([files[n] for n in names])}}],
-        "predicateType": PREDICATE_TYPE,
-        "predicate": predicate,
-    }
-    payload = _canonical_json(statement)
-    signature = private_key.sign(_pae(DSSE_PAYLOAD_TYPE, payload), ec.ECDSA(hashes.SHA256()))
+    statement = dsse.statement(model_name, _root_digest([files[n] for n in names]), PREDICATE_TYPE, predicate)
     bundle = {
         "mediaType": SIGSTORE_BUNDLE_MEDIA_TYPE,
         "verificationMaterial": {"publicKey": {"hint": key_id(private_key)}, "tlogEntries": []},
-        "dsseEnvelope": {
-            "payload": base64.b64encode(payload).decode("ascii"),
-            "payloadType": DSSE_PAYLOAD_TYPE,
-            # model_signing leaves the DSSE keyid empty and names the key in the hint instead.
-            "signatures": [{"sig": base64.b64encode(signature).decode("ascii"), "keyid": ""}],
-        },
+        # model_signing leaves the DSSE keyid empty and names the key in the hint instead.
+        "dsseEnvelope": dsse.sign_envelope(_canonical_json(statement), private_key, keyid=""),
     }
     return _canonical_json(bundle)
 
@@ -131,26 +116,7 @@ def verify(bundle_json: bytes, trusted: Mapping[str, PublicKey]) -> SignedClaims
     (no trusted key made it), key-error (a trusted key that is not P-256).
     """
     envelope = _parse_envelope(bundle_json)
-    by_id: dict[str, PublicKey] = {}
-    for key in trusted.values():
-        if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
-            raise BundleError("key-error", "a trusted key is not an ECDSA P-256 public key")
-        by_id[key_id(key)] = key
-    message = _pae(envelope.payload_type, envelope.payload)
-
-    hint = envelope.hint
-    if hint and hint in by_id:
-        if not _signed_by(by_id[hint], envelope.signature, message):
-            raise BundleError("signature-invalid", f"signature does not verify with trusted key {hint[:12]}...: the signature or its payload was changed")
-        signer = hint
-    else:
-        signer = next((kid for kid, key in by_id.items() if _signed_by(key, envelope.signature, message)), "")
-        if signer and hint:
-            # The hint is outside the signed payload: a wrong one means the bundle was altered.
-            raise BundleError("signature-invalid", f"signature names key {hint[:12]}... but was made by trusted key {signer[:12]}...")
-        if not signer:
-            who = f"key {hint[:12]}..." if hint else "a key it does not name"
-            raise BundleError("untrusted-signer", f"signed by {who}, which is not trusted (pass --key or set BUNDLE_TRUSTED_KEYS)")
+    signer = dsse.verify_signer(envelope.inner, trusted, envelope.hint)
     return _claims(envelope.payload_type, envelope.payload, signer)
 
 
@@ -189,13 +155,19 @@ def parse_time(text: str) -> datetime:
 @dataclass(frozen=True)
 class _Envelope:
     hint: str | None
-    payload_type: str
-    payload: bytes
-    signature: bytes
+    inner: dsse.Envelope  # the DSSE envelope inside the Sigstore bundle
+
+    @property
+    def payload_type(self) -> str:
+        return self.inner.payload_type
+
+    @property
+    def payload(self) -> bytes:
+        return self.inner.payload
 
 
-def _invalid(message: str) -> BundleError:
-    return BundleError("signature-invalid", message)
+_invalid = dsse.invalid
+_require_object = dsse.require_object
 
 
 def _parse_envelope(bundle_json: bytes) -> _Envelope:
@@ -221,43 +193,14 @@ def _parse_envelope(bundle_json: bytes) -> _Envelope:
     if hint is not None and not isinstance(hint, str):
         raise _invalid("verificationMaterial.publicKey.hint is not a string")
 
-    envelope = bundle["dsseEnvelope"]
-    _require_object(envelope, "dsseEnvelope", required={"payload", "payloadType", "signatures"})
-    if envelope["payloadType"] != DSSE_PAYLOAD_TYPE:
-        raise _invalid(f"DSSE payloadType is {envelope['payloadType']!r}, expected {DSSE_PAYLOAD_TYPE}")
-    signatures = envelope["signatures"]
-    if not isinstance(signatures, list) or len(signatures) != 1:
-        raise _invalid("DSSE envelope must hold exactly one signature")
-    _require_object(signatures[0], "dsseEnvelope.signatures[0]", required={"sig"}, optional={"keyid"})
-    if not isinstance(signatures[0].get("keyid", ""), str):
-        raise _invalid("dsseEnvelope.signatures[0].keyid is not a string")
-    return _Envelope(
-        hint=hint or None,
-        payload_type=envelope["payloadType"],
-        payload=_b64decode(envelope["payload"], "dsseEnvelope.payload"),
-        signature=_b64decode(signatures[0]["sig"], "dsseEnvelope.signatures[0].sig"),
-    )
+    return _Envelope(hint=hint or None, inner=dsse.parse_envelope(bundle["dsseEnvelope"], "dsseEnvelope"))
 
 
 def _claims(payload_type: str, payload: bytes, signer: str) -> SignedClaims:
     """Check the in-toto statement inside the payload and turn it into SignedClaims."""
-    if payload_type != DSSE_PAYLOAD_TYPE:
-        raise _invalid(f"DSSE payloadType is {payload_type!r}")
-    try:
-        statement = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: a nesting bomb
-        raise _invalid(f"signed payload is not JSON: {err}") from err
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise _invalid(f"signed payload is not an in-toto Statement v1 ({STATEMENT_TYPE})")
-    if statement.get("predicateType") != PREDICATE_TYPE:
-        raise _invalid(f"predicateType is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE}")
-    subjects = statement.get("subject")
-    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
-        raise _invalid("statement must have exactly one subject")
-    subject = subjects[0]
-    digest = subject.get("digest")
-    if not isinstance(subject.get("name"), str) or not isinstance(digest, dict) or not _is_sha256_hex(digest.get("sha256")):
-        raise _invalid("statement subject needs a name and a sha256 digest")
+    statement = dsse.parse_statement(payload_type, payload, PREDICATE_TYPE)
+    subject = statement["subject"][0]
+    digest = subject["digest"]
     predicate = statement.get("predicate")
     problem = _schema_problem(predicate)
     if problem:
@@ -285,44 +228,6 @@ def _claims(payload_type: str, payload: bytes, signer: str) -> SignedClaims:
     )
 
 
-def _require_object(value: Any, where: str, required: set[str], optional: frozenset[str] | set[str] = frozenset()) -> None:
-    if not isinstance(value, dict):
-        raise _invalid(f"{where} is not a JSON object")
-    missing = required - value.keys()
-    if missing:
-        raise _invalid(f"{where} lacks {', '.join(sorted(missing))}")
-    unknown = value.keys() - required - optional
-    if unknown:
-        raise _invalid(f"{where} has unknown field(s) {', '.join(sorted(unknown))}")
-
-
-def _b64decode(value: Any, where: str) -> bytes:
-    """Standard base64, refused unless canonical: otherwise unused padding bits could change unseen."""
-    if not isinstance(value, str):
-        raise _invalid(f"{where} is not a string")
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as err:
-        raise _invalid(f"{where} is not valid base64") from err
-    if base64.b64encode(raw).decode("ascii") != value:
-        raise _invalid(f"{where} is not canonical base64")
-    return raw
-
-
-def _signed_by(key: PublicKey, signature: bytes, message: bytes) -> bool:
-    try:
-        key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
-    except (InvalidSignature, ValueError):
-        return False
-    return True
-
-
-def _pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE v1 pre-authentication encoding: what is actually signed."""
-    kind = payload_type.encode("utf-8")
-    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
-
-
 def _root_digest(hex_digests: list[str]) -> str:
     """model_signing's subject digest: sha256 over the raw resource digests, in resource order."""
     hasher = hashlib.sha256()
@@ -331,12 +236,8 @@ def _root_digest(hex_digests: list[str]) -> str:
     return hasher.hexdigest()
 
 
-def _canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-
-
-def _is_sha256_hex(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+_canonical_json = dsse.canonical_json
+_is_sha256_hex = dsse.is_sha256_hex
 
 
 def _unsafe_name(name: Any) -> str | None:
