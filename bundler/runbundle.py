@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -23,16 +24,19 @@ def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterator[tuple[Path, VerifyReport]]:
+def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterator[tuple[Path, VerifyReport, dict[str, float]]]:
     """Verify the bundle (a trusted signature required), then extract it into a private read-only temp
-    directory, each file hashed while written; removed afterwards."""
+    directory, each file hashed while written; removed afterwards. Yields (root, report, {"verify_s", "extract_s"})."""
+    start = time.perf_counter()
     report = verify_bundle(store, ref, trusted)
     report.raise_for_error()
+    verified = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specbundle-run-") as tmp:
         root = Path(tmp) / "bundle"
         extract_verified(store, report, root, read_only=True)
+        timings = {"verify_s": verified - start, "extract_s": time.perf_counter() - verified}
         try:
-            yield root, report
+            yield root, report, timings
         finally:
             make_writable(root)  # so the temp dir can be removed
 
@@ -40,8 +44,8 @@ def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Ite
 def _runner_args(report: VerifyReport) -> dict[str, Any]:
     mk = report.modelkit
     assert mk is not None and report.claims is not None
-    # The runner hashes the weights again as it loads them, against the signed list: nothing can be
-    # swapped between verification and loading.
+    # The runner hashes each file from the very buffer it loads it from, against the signed list
+    # (runner.loading): nothing can be swapped between verification and loading.
     return {"roles": mk.kitfile.role_paths(), "params": runner_params(mk.kitfile.parameters), "verified_files": report.claims.files}
 
 
@@ -55,15 +59,18 @@ def run_bundle(
     """Verify the bundle, then decode; raises the first BundleError (before any weights are loaded)."""
     from runner.run import run_unpacked  # torch is imported only when a bundle runs
 
-    with verified_checkout(store, ref, trusted) as (root, report):
+    with verified_checkout(store, ref, trusted) as (root, report, checkout_timings):
         result = run_unpacked(root, prompt=prompt, on_text=on_text, **_runner_args(report), **options)
-    return {"ok": True, "bundle": _bundle_info(ref, report), **result, "error": None}
+    before = checkout_timings["verify_s"] + checkout_timings["extract_s"]
+    timings = {**checkout_timings, **result.get("timings", {})}
+    timings["first_token_s"] = timings.get("first_token_s", 0.0) + before  # from the start of verification
+    return {"ok": True, "bundle": _bundle_info(ref, report), **result, "timings": timings, "error": None}
 
 
 def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: list[str], **options: Any) -> dict[str, Any]:
     """Verify, extract, then benchmark the pair (runner.bench) on `prompts`."""
     from runner.bench import bench_unpacked
 
-    with verified_checkout(store, ref, trusted) as (root, report):
+    with verified_checkout(store, ref, trusted) as (root, report, _timings):
         result = bench_unpacked(root, prompts=prompts, **_runner_args(report), **options)
     return {"bundle": _bundle_info(ref, report), **result}

@@ -1,4 +1,17 @@
-"""Loading only what was verified: safetensors weights, no remote code, no hub, optionally hashed as read.
+"""Loading only what was verified: safetensors weights, no remote code, no hub, the weights in memory once.
+
+How a model loads (`load_model`):
+1. each file (config.json, every *.safetensors shard) is read once into one buffer of its own size;
+2. with `expected_sha256` (the signed file list) each buffer is hashed, in parallel threads (hashlib releases
+   the GIL), and compared with the signed sha256: the bytes that load ARE the bytes hashed, so a file changed
+   on disk after verification or extraction is refused ("digest-mismatch") instead of loaded;
+3. tensors are views into those buffers (the safetensors header parsed, `torch.frombuffer`: no copy);
+   a shard whose dtype differs from the run dtype is converted and its buffer dropped before the next;
+4. the model is built by transformers from the verified config, on the meta device (no random
+   initialisation), and takes the tensors as its parameters (`from_pretrained(None, state_dict=...)`:
+   tied embeddings, non-persistent buffers and the dtype are transformers' own logic; no file is reopened).
+
+Peak memory is the weights in the run dtype once (plus one shard while converting dtypes).
 
 `LOADS` counts calls to `load_model`, so a test can prove that a refusal came before any weight was read.
 """
@@ -7,14 +20,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import struct
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bundler.errors import BundleError
-from runner.modelinfo import DTYPE_BYTES, safetensors_files
+from runner.modelinfo import DTYPE_BYTES, config_from_dict, safetensors_files, validate_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+INDEX_FILE = "model.safetensors.index.json"
 LOADS = 0  # calls to load_model in this process
+# safetensors dtype names -> torch dtype names (the formats transformers checkpoints use)
+TORCH_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
 
 
 def check_weight_files(model_dir: Path, role: str = "model") -> None:
@@ -25,7 +47,28 @@ def check_weight_files(model_dir: Path, role: str = "model") -> None:
                 "pickle-weights",
                 f"{role} holds {path.relative_to(model_dir)}: pickle-based weights are refused, use safetensors",
             )
-    safetensors_files(model_dir)
+    shard_files(model_dir)
+
+
+def shard_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory; with an index, exactly the shards its weight_map names."""
+    model_dir = Path(model_dir)
+    files = safetensors_files(model_dir)
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise BundleError("invalid-bundle", f"{index} has no weight_map of tensor -> file")
+        named, present = set(weight_map.values()), {f.name for f in files}
+        if named != present:
+            raise BundleError(
+                "invalid-bundle",
+                f"{index} names shards {sorted(named - present)[:3]} missing, or files {sorted(present - named)[:3]} it does not list",
+            )
+    return files
 
 
 def torch_dtype(dtype: str):
@@ -36,62 +79,143 @@ def torch_dtype(dtype: str):
     return getattr(torch, dtype)
 
 
-def _read_verified(path: Path, expected: Mapping[str, str], name: str) -> bytes:
-    """The file's bytes, after checking their sha256 against the verified one: what is hashed is what loads."""
-    want = expected.get(name)
+def _read_once(path: Path, want: str | None) -> bytearray:
+    """The whole file in one buffer, read once; hashed against `want` (sha256 hex) when given."""
+    size = path.stat().st_size
+    buf = bytearray(size)  # calloc'd: pages are touched only by the read below
+    with open(path, "rb") as f:
+        view, done = memoryview(buf), 0
+        while done < size:
+            n = f.readinto(view[done:])
+            if not n:
+                raise BundleError("digest-mismatch", f"{path} changed after verification: shorter than it was")
+            done += n
+        if f.read(1):
+            raise BundleError("digest-mismatch", f"{path} changed after verification: longer than it was")
+    if want is not None:
+        got = hashlib.sha256(buf).hexdigest()
+        if got != want.removeprefix("sha256:"):
+            raise BundleError("digest-mismatch", f"{path} changed after verification: sha256 {got}")
+    return buf
+
+
+def _expected(expected: Mapping[str, str] | None, path: Path) -> str | None:
+    if expected is None:
+        return None
+    want = expected.get(path.name)
     if want is None:
         raise BundleError("extra-file", f"{path} is not among the verified files")
-    data = path.read_bytes()
-    got = hashlib.sha256(data).hexdigest()
-    if got != want.removeprefix("sha256:"):
-        raise BundleError("digest-mismatch", f"{path} changed after verification: sha256 {got}")
-    return data
+    return want
+
+
+def read_verified_files(paths: list[Path], expected: Mapping[str, str] | None) -> list[bytearray]:
+    """Each file's bytes, read once and (with `expected`) hashed, in parallel threads; in `paths`' order."""
+    wants = [_expected(expected, p) for p in paths]  # an unverified file is refused before anything is read
+    workers = max(1, min(len(paths), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_read_once, paths, wants))
+
+
+def tensors_from_buffer(buf: bytearray, name: str) -> dict:
+    """The tensors of one safetensors file held in `buf`, as views into it (no copy)."""
+    import torch
+
+    if len(buf) < 8:
+        raise BundleError("invalid-bundle", f"{name} is too short to be a safetensors file")
+    (size,) = struct.unpack("<Q", buf[:8])
+    if 8 + size > len(buf):
+        raise BundleError("invalid-bundle", f"{name} declares a header longer than the file")
+    try:
+        header = json.loads(bytes(buf[8 : 8 + size]))
+    except (ValueError, UnicodeDecodeError):
+        raise BundleError("invalid-bundle", f"{name} has an unreadable safetensors header") from None
+    if not isinstance(header, dict):
+        raise BundleError("invalid-bundle", f"{name} has an unreadable safetensors header")
+    header.pop("__metadata__", None)
+    base, out = 8 + size, {}
+    for key, info in header.items():
+        try:
+            dtype = getattr(torch, TORCH_DTYPES[info["dtype"]])
+            shape = [int(d) for d in info["shape"]]
+            start, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise BundleError("invalid-bundle", f"{name}: tensor {key!r} has an unusable header entry") from None
+        count = 1
+        for d in shape:
+            count *= d
+        if start < 0 or end != start + count * dtype.itemsize or base + end > len(buf) or min(shape, default=1) < 0:
+            raise BundleError("invalid-bundle", f"{name}: tensor {key!r} lies outside the file or has the wrong size")
+        if count == 0:
+            out[key] = torch.empty(shape, dtype=dtype)
+        else:
+            out[key] = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + start).view(shape)
+    return out
 
 
 def load_model(
     model_dir: Path, dtype: str, device: str, *, expected_sha256: Mapping[str, str] | None = None, role: str = "model"
 ):
-    """A causal LM from a verified directory: safetensors only, trust_remote_code=False, local files only.
+    """A causal LM from a verified directory: safetensors only, trust_remote_code=False, nothing from a hub.
 
-    With `expected_sha256` (file name in the directory -> sha256 hex, as the signature lists them),
-    config.json and every weight file are read into memory, hashed and loaded from those same bytes, so no
-    file can be swapped between verification and loading (peak memory: twice the weights).
+    `expected_sha256`: file name in the directory -> sha256 hex, as the signature lists them; when given,
+    config.json and every weight file are hashed from the very buffers the model is built from (see the
+    module docstring). Raises BundleError: "digest-mismatch" for a changed file, "invalid-bundle" for a
+    config or checkpoint that does not fit.
     """
     global LOADS
     LOADS += 1
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr is for the one error line
+    hf_logging.set_verbosity_error()
     model_dir = Path(model_dir)
     check_weight_files(model_dir, role)
     dt = torch_dtype(dtype)
-    if expected_sha256 is None:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir,
-            dtype=dt,
-            trust_remote_code=False,
-            local_files_only=True,
-            use_safetensors=True,
-        )
-    else:
-        from safetensors.torch import load as load_safetensors
-
-        config_dict = json.loads(_read_verified(model_dir / "config.json", expected_sha256, "config.json"))
-        model_type = config_dict.pop("model_type", None)
-        if model_type is None:
-            raise BundleError("invalid-bundle", f"{model_dir}/config.json has no model_type")
-        config = AutoConfig.for_model(model_type, **config_dict)
-        state_dict: dict = {}
-        for path in safetensors_files(model_dir):
-            state_dict.update(load_safetensors(_read_verified(path, expected_sha256, path.name)))
-        # Built from the config and filled from the hashed bytes: from_pretrained would reopen the files.
-        model = AutoModelForCausalLM.from_config(config, dtype=dt, trust_remote_code=False)
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
-        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-        if set(missing) - tied or unexpected:
-            raise BundleError("invalid-bundle", f"{model_dir}: weights do not fit the config (missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})")
-        model.tie_weights()
-        model = model.to(dt)
+    shards = shard_files(model_dir)
+    config_path = model_dir / "config.json"
+    # config.json is hashed with the weights; the first thread reads it, the others the shards.
+    buffers = read_verified_files([config_path, *shards], expected_sha256)
+    try:
+        config_dict = json.loads(bytes(buffers.pop(0)))
+    except (ValueError, UnicodeDecodeError):
+        raise BundleError("invalid-bundle", f"{role} config.json is not valid JSON") from None
+    validate_config(config_dict, role)
+    config = config_from_dict(config_dict, role)
+    state_dict: dict = {}
+    for path in shards:
+        tensors = tensors_from_buffer(buffers.pop(0), f"{role} {path.name}")
+        for key, tensor in tensors.items():
+            if key in state_dict:
+                raise BundleError("invalid-bundle", f"{role}: tensor {key!r} is in more than one shard")
+            # A shard in another dtype is converted now, so its buffer is freed before the next one's turn.
+            state_dict[key] = tensor.to(dt) if tensor.is_floating_point() and tensor.dtype != dt else tensor
+        del tensors
+    model = _from_state_dict(config, state_dict, dt, role)
     return model.to(device).eval()
+
+
+def _from_state_dict(config, state_dict: dict, dt, role: str):
+    """The model transformers builds for `config` on the meta device, taking `state_dict`'s tensors as its
+    parameters (no random initialisation, no copy when the dtypes agree)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise BundleError("invalid-bundle", f"{role}: transformers has no causal LM for model_type {config.model_type!r}") from None
+    try:
+        model, info = cls.from_pretrained(
+            None, config=config, state_dict=state_dict, dtype=dt, output_loading_info=True, trust_remote_code=False
+        )
+    except RuntimeError as e:  # transformers raises it for tensors whose shapes do not fit the config
+        raise BundleError("invalid-bundle", f"{role}: weights do not fit config.json: {str(e).splitlines()[0]}") from None
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = set(info.get("missing_keys", ())) - tied
+    unexpected, mismatched = info.get("unexpected_keys", ()), info.get("mismatched_keys", ())
+    if missing or unexpected or mismatched:
+        raise BundleError(
+            "invalid-bundle",
+            f"{role}: weights do not fit config.json (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}, "
+            f"wrong shape {sorted(str(m[0]) if isinstance(m, tuple) else str(m) for m in mismatched)[:3]})",
+        )
+    return model

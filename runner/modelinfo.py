@@ -24,6 +24,13 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # a header larger than this is not a real 
 
 def read_config(model_dir: Path) -> dict:
     """config.json of a Hugging Face model directory (the text part for multimodal configs)."""
+    config = read_raw_config(model_dir)
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
+def read_raw_config(model_dir: Path) -> dict:
+    """config.json of a Hugging Face model directory, as written."""
     path = Path(model_dir) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -33,8 +40,7 @@ def read_config(model_dir: Path) -> dict:
         raise BundleError("invalid-bundle", f"{path} is not valid JSON: {e}") from None
     if not isinstance(config, dict):
         raise BundleError("invalid-bundle", f"{path} is not a JSON object")
-    text = config.get("text_config")
-    return {**config, **text} if isinstance(text, dict) else config
+    return config
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -78,6 +84,89 @@ def count_parameters(model_dir: Path) -> int:
     return total
 
 
+# config.json fields the loader and the preflight size things with: (lowest, highest) accepted integer.
+INT_FIELDS = {
+    "vocab_size": (1, 2**31 - 1),
+    "hidden_size": (1, 2**20),
+    "intermediate_size": (1, 2**22),
+    "num_hidden_layers": (1, 4096),
+    "num_attention_heads": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "head_dim": (1, 2**16),
+    "max_position_embeddings": (1, 2**30),
+    "sliding_window": (1, 2**30),
+}
+REQUIRED_INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+POSITIVE_FLOAT_FIELDS = ("rms_norm_eps", "layer_norm_eps", "rope_theta")
+
+
+def validate_config(config: dict, role: str) -> None:
+    """Types and ranges of the config.json fields that size a model, and a model_type transformers builds
+    as a causal LM without remote code; raises BundleError "invalid-bundle" (exit 6) before anything is built.
+    """
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise BundleError("invalid-bundle", f"{role} config.json has no model_type")
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise BundleError("invalid-bundle", f"{role} config.json model_type {model_type!r} is not a causal LM transformers knows (remote code is never run)")
+    text = config.get("text_config")
+    fields = {**config, **text} if isinstance(text, dict) else config
+    for name in REQUIRED_INT_FIELDS:
+        if fields.get(name) is None:
+            raise BundleError("invalid-bundle", f"{role} config.json lacks {name}")
+    for name, (low, high) in INT_FIELDS.items():
+        value = fields.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BundleError("invalid-bundle", f"{role} config.json {name} is {value!r}: an integer is required")
+        if not low <= value <= high:
+            raise BundleError("invalid-bundle", f"{role} config.json {name} {value} is out of range [{low}, {high}]")
+    for name in POSITIVE_FLOAT_FIELDS:
+        value = fields.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
+            raise BundleError("invalid-bundle", f"{role} config.json {name} is {value!r}: a positive number is required")
+    heads, kv_heads = fields["num_attention_heads"], fields.get("num_key_value_heads") or fields["num_attention_heads"]
+    if heads % kv_heads:
+        raise BundleError("invalid-bundle", f"{role} config.json: {heads} attention heads do not split into {kv_heads} key/value heads")
+    if not fields.get("head_dim") and fields["hidden_size"] % heads:
+        raise BundleError("invalid-bundle", f"{role} config.json: hidden_size {fields['hidden_size']} does not split into {heads} heads")
+    tie = config.get("tie_word_embeddings")
+    if tie is not None and not isinstance(tie, bool):
+        raise BundleError("invalid-bundle", f"{role} config.json tie_word_embeddings is {tie!r}: true or false")
+
+
+def config_from_dict(config: dict, role: str):
+    """transformers' config object for a validated config.json dict (never remote code)."""
+    from transformers import AutoConfig
+
+    rest = dict(config)
+    model_type = rest.pop("model_type")
+    try:
+        return AutoConfig.for_model(model_type, **rest)
+    except (ValueError, TypeError, KeyError) as e:
+        raise BundleError("invalid-bundle", f"{role} config.json is not a usable {model_type} config: {e}") from None
+
+
+def config_parameters(config: dict) -> int:
+    """Parameters a model of this config.json holds, computed from its sizes alone (no weights read):
+    embeddings, a separate head when untied, attention (with q/k/v biases when the config says so), MLP, norms."""
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    inter = config.get("intermediate_size") or 4 * hidden
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    if config.get("attention_bias") or config.get("model_type") == "qwen2":
+        attention += head_dim * (heads + 2 * kv_heads)
+    per_layer = attention + 3 * hidden * inter + 2 * hidden
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+    return embeddings + config["num_hidden_layers"] * per_layer + hidden
+
+
 def _kv_bytes_per_token(config: dict, element_bytes: int) -> int:
     """Keys and values of every layer for one token."""
     layers = config.get("num_hidden_layers") or config.get("n_layer") or config.get("num_layers")
@@ -90,25 +179,72 @@ def _kv_bytes_per_token(config: dict, element_bytes: int) -> int:
     return 2 * layers * kv_heads * head_dim * element_bytes
 
 
-def estimate_memory(target_dir: Path, draft_dir: Path, dtype: str, max_tokens: int) -> dict:
-    """Memory to run the pair in `dtype` for `max_tokens` positions: both models' weights and KV caches.
+def _activation_bytes(config: dict, element_bytes: int, prompt_tokens: int, step_tokens: int) -> int:
+    """The largest transient tensors of a forward pass: one layer's hidden states and MLP for the prompt
+    (all at once in the prefill), and float32 logits over the vocabulary for the tokens a pass scores."""
+    hidden = config.get("hidden_size") or 0
+    inter = config.get("intermediate_size") or 4 * hidden
+    layer = prompt_tokens * (4 * hidden + 3 * inter) * element_bytes
+    logits = 3 * step_tokens * (config.get("vocab_size") or 0) * 4  # logits, their float32 copy, softmax
+    return layer + logits
 
-    Returns {"weights_bytes", "kv_cache_bytes", "total_bytes", "target_parameters", "draft_parameters"}.
+
+def _loader_bytes(model_dir: Path, element_bytes: int) -> int:
+    """Memory runner.loading holds beyond the weights: when a shard's dtype is not the run dtype, its
+    buffer lives while it is converted (one shard at a time); else nothing (tensors are views of it)."""
+    extra = 0
+    for path in safetensors_files(model_dir):
+        tensors = read_safetensors_header(path)
+        if any(SAFETENSORS_DTYPE_BYTES.get(t.get("dtype"), 0) != element_bytes for t in tensors.values()):
+            extra = max(extra, path.stat().st_size)
+    return extra
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (the Python, torch and transformers baseline before loading)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def estimate_memory(
+    target_dir: Path, draft_dir: Path, dtype: str, max_tokens: int, *, prompt_tokens: int | None = None, draft_tokens: int = 5
+) -> dict:
+    """Memory to run the pair in `dtype` for `max_tokens` positions, from config.json and safetensors headers
+    only: both models' weights (the larger of what the headers hold and what the config implies: a config
+    that would allocate more than its files hold is sized by the config), KV caches, activations, and the
+    loader's own overhead. `total_bytes` is what the run adds; `predicted_peak_bytes` adds this process's
+    resident memory now (what `bundle run` peaks at).
     """
     if dtype not in DTYPE_BYTES:
         raise BundleError("usage", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     element = DTYPE_BYTES[dtype]
-    target_params, draft_params = count_parameters(target_dir), count_parameters(draft_dir)
-    weights = (target_params + draft_params) * element
-    kv = max_tokens * (
-        _kv_bytes_per_token(read_config(target_dir), element) + _kv_bytes_per_token(read_config(draft_dir), element)
-    )
+    prompt_tokens = max_tokens if prompt_tokens is None else prompt_tokens
+    configs = {"target": read_config(target_dir), "draft": read_config(draft_dir)}
+    params, activations, loader = {}, 0, 0
+    for role, directory in (("target", target_dir), ("draft", draft_dir)):
+        config = configs[role]
+        from_config = config_parameters(config) if all(config.get(k) for k in REQUIRED_INT_FIELDS) else 0
+        params[role] = max(count_parameters(directory), from_config)
+        activations = max(activations, _activation_bytes(config, element, prompt_tokens, draft_tokens + 1))
+        loader = max(loader, _loader_bytes(directory, element))
+    weights = (params["target"] + params["draft"]) * element
+    kv = max_tokens * (_kv_bytes_per_token(configs["target"], element) + _kv_bytes_per_token(configs["draft"], element))
+    total = weights + kv + activations + loader
     return {
         "weights_bytes": weights,
         "kv_cache_bytes": kv,
-        "total_bytes": weights + kv,
-        "target_parameters": target_params,
-        "draft_parameters": draft_params,
+        "activation_bytes": activations,
+        "loader_bytes": loader,
+        "total_bytes": total,
+        "baseline_bytes": (baseline := rss_bytes()),
+        "predicted_peak_bytes": total + baseline,
+        "target_parameters": params["target"],
+        "draft_parameters": params["draft"],
         "dtype": dtype,
         "max_tokens": max_tokens,
     }

@@ -6,6 +6,7 @@ length known) the memory preflight. Only when all pass are weights read. The cal
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from bundler.errors import BundleError
 from runner import compact_llama
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.loading import check_weight_files, load_model
-from runner.modelinfo import estimate_memory, read_config
+from runner.modelinfo import estimate_memory, read_config, read_raw_config, validate_config
 from runner.pairing import check_memory, check_pairing
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
@@ -100,6 +101,8 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping) -> dict:
             raise BundleError("invalid-bundle", f"the {role} directory {roles[role]} is missing")
     for role in ("target", "draft"):
         check_weight_files(dirs[role], role)
+        # Types and ranges of what sizes the model, before anything is sized or built from it (exit 6).
+        validate_config(read_raw_config(dirs[role]), role)
     fingerprint = check_tokenizers(dirs)
     tokenizer_dir = dirs.get("tokenizer") or next(d for d in dirs.values() if has_tokenizer_files(d))
     for role in ("target", "draft"):
@@ -127,6 +130,11 @@ def runtime_draft(draft, checked: Mapping):
     if compact_llama.supports(draft.config):
         return compact_llama.CompactLlama(draft, ids)
     return SubsetHeadDraft(draft, ids) if ids else draft
+
+
+def forward_path(model) -> str:
+    """Which forward a model runs through: "compact" (runner.compact_llama) or "transformers"."""
+    return "compact" if isinstance(model, compact_llama.CompactLlama) else "transformers"
 
 
 def run_unpacked(
@@ -159,6 +167,7 @@ def run_unpacked(
 
     from runner.speculative import generate_speculative
 
+    run_start = time.perf_counter()
     device = _resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
@@ -167,13 +176,22 @@ def run_unpacked(
     tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
     prompt_ids = _prompt_ids(tokenizer, prompt, raw)
     max_tokens = len(prompt_ids) + max_new_tokens + 2 * draft_tokens + 1  # a verify pass may look past the end
-    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens)
+    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=len(prompt_ids), draft_tokens=draft_tokens)
     check_memory(memory, memory_budget, device)
+    load_start = time.perf_counter()
     target = runtime_target(load_model(dirs["target"], dtype, device, role="target",
                                        expected_sha256=_verified_digests(verified_files, roles["target"])))
     draft = runtime_draft(load_model(dirs["draft"], dtype, device, role="draft",
                                         expected_sha256=_verified_digests(verified_files, roles["draft"])), checked)
-    stream = _TextStream(tokenizer, on_text) if on_text else None
+    generate_start = time.perf_counter()
+    first_token: list[float] = []
+    text_stream = _TextStream(tokenizer, on_text) if on_text else None
+
+    def stream(new: list[int]) -> None:
+        if not first_token:
+            first_token.append(time.perf_counter())
+        if text_stream:
+            text_stream(new)
     result = generate_speculative(
         target,
         draft,
@@ -191,6 +209,7 @@ def run_unpacked(
         vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
         on_tokens=stream,
     )
+    end = time.perf_counter()
     return {
         "tokenizer": {"fingerprint": checked["fingerprint"]},
         "text": tokenizer.decode(result.tokens, skip_special_tokens=True),
@@ -200,5 +219,13 @@ def run_unpacked(
         "dtype": dtype,
         "prompt_tokens": len(prompt_ids),
         "pairing": checked["pairing"],
-        "memory": {k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "total_bytes")},
+        "memory": {k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
+        "forward": {"target": forward_path(target), "draft": forward_path(draft)},
+        "timings": {
+            "load_s": generate_start - load_start,
+            "prefill_s": (first_token[0] if first_token else end) - generate_start,
+            "decode_s": end - (first_token[0] if first_token else end),
+            # from the start of run_unpacked; the caller adds verification and extraction before it
+            "first_token_s": (first_token[0] if first_token else end) - run_start,
+        },
     }

@@ -47,7 +47,8 @@ def test_memory_estimate_is_weights_plus_kv_cache(weightless_pair):
     # target: 2 layers x 2 kv heads x 16 dims; draft: 1 layer x 1 kv head x 8 dims; keys and values, 2 bytes
     assert estimate["kv_cache_bytes"] == 100 * 2 * 2 * (2 * 2 * 16 + 1 * 1 * 8)
     assert estimate["weights_bytes"] == 2 * (estimate["target_parameters"] + estimate["draft_parameters"])
-    assert estimate["total_bytes"] == estimate["weights_bytes"] + estimate["kv_cache_bytes"]
+    parts = ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes")
+    assert estimate["total_bytes"] == sum(estimate[k] for k in parts)
 
 
 def test_a_pair_of_one_family_with_a_large_size_gap_passes(weightless_pair):

@@ -1,0 +1,116 @@
+"""runner.loading: the weights in memory once, from the bytes that were hashed; sharded checkpoints, tied and
+untied embeddings, bf16/fp16/fp32 on disk and at run time, the same model transformers' from_pretrained builds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from bundler.errors import BundleError
+from runner.loading import load_model
+from runner.modelinfo import read_safetensors_header
+from tests.tinymodels import tiny_llama
+
+IDS = torch.tensor([[3, 17, 42, 99, 5, 250]])
+
+
+def _digests(model_dir: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in model_dir.iterdir() if p.is_file()}
+
+
+def _save(model, directory: Path, **options) -> Path:
+    model.save_pretrained(directory, safe_serialization=True, **options)
+    return directory
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=IDS).logits
+
+
+def test_parameters_are_views_of_the_hashed_file_bytes(tmp_path: Path) -> None:
+    directory = _save(tiny_llama(320), tmp_path / "m")
+    model = load_model(directory, "float32", "cpu", expected_sha256=_digests(directory))
+    header = read_safetensors_header(directory / "model.safetensors")
+    params = dict(model.named_parameters())
+    base = params["model.embed_tokens.weight"].data_ptr() - header["model.embed_tokens.weight"]["data_offsets"][0]
+    # every weight lies where the file holds it, in the one buffer the file was read into and hashed from:
+    # no copy, no random initialisation
+    assert {name: p.data_ptr() - base for name, p in params.items()} == {
+        name: header[name]["data_offsets"][0] for name in params
+    }
+
+
+def test_a_file_changed_between_verification_and_loading_is_refused(tmp_path: Path) -> None:
+    directory = _save(tiny_llama(320), tmp_path / "m")
+    signed = _digests(directory)
+    path = directory / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 1  # one weight bit, after the digests were taken
+    path.write_bytes(bytes(data))
+    with pytest.raises(BundleError) as err:
+        load_model(directory, "float32", "cpu", expected_sha256=signed)
+    assert err.value.code == "digest-mismatch"
+
+
+def test_a_changed_config_is_refused_too(tmp_path: Path) -> None:
+    directory = _save(tiny_llama(320), tmp_path / "m")
+    signed = _digests(directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
+    with pytest.raises(BundleError) as err:
+        load_model(directory, "float32", "cpu", expected_sha256=signed)
+    assert err.value.code == "digest-mismatch"
+
+
+def test_a_sharded_checkpoint_loads_as_one_model(tmp_path: Path) -> None:
+    model = tiny_llama(320, hidden=64, layers=3)
+    directory = _save(model, tmp_path / "m", max_shard_size="40KB")
+    shards = sorted(directory.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and (directory / "model.safetensors.index.json").is_file()
+    loaded = load_model(directory, "float32", "cpu", expected_sha256=_digests(directory))
+    assert torch.equal(_logits(loaded), _logits(model))
+
+
+def test_a_shard_missing_from_the_index_is_refused(tmp_path: Path) -> None:
+    directory = _save(tiny_llama(320, layers=3), tmp_path / "m", max_shard_size="40KB")
+    sorted(directory.glob("model-*-of-*.safetensors"))[-1].unlink()
+    with pytest.raises(BundleError) as err:
+        load_model(directory, "float32", "cpu")
+    assert err.value.code == "invalid-bundle"
+
+
+@pytest.mark.parametrize("disk", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("run", ["float32", "bfloat16"])
+def test_dtypes_on_disk_and_at_run_time_give_transformers_own_model(tmp_path: Path, disk: str, run: str) -> None:
+    directory = _save(tiny_llama(320, dtype=getattr(torch, disk)), tmp_path / "m")
+    ours = load_model(directory, run, "cpu", expected_sha256=_digests(directory))
+    theirs = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, run)).eval()
+    assert all(p.dtype == getattr(torch, run) for p in ours.parameters())
+    assert torch.equal(_logits(ours), _logits(theirs))
+
+
+def test_untied_embeddings_keep_their_own_head(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    model = tiny_llama(320)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
+    directory = _save(model, tmp_path / "m")
+    loaded = load_model(directory, "float32", "cpu", expected_sha256=_digests(directory))
+    assert loaded.lm_head.weight.data_ptr() != loaded.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+    assert torch.equal(_logits(loaded), _logits(model))
+
+
+def test_weights_that_do_not_fit_the_config_are_refused(tmp_path: Path) -> None:
+    directory = _save(tiny_llama(320), tmp_path / "m")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "intermediate_size": 256}))
+    with pytest.raises(BundleError) as err:
+        load_model(directory, "float32", "cpu")
+    assert err.value.code == "invalid-bundle"
