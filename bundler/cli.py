@@ -285,16 +285,21 @@ def _format_stats(stats: dict[str, Any]) -> str:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
 @click.option("--memory-budget", type=click.IntRange(1), help="Bytes the pair may use (default: available memory).")
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
+@click.option("--attest", "attest_key", type=click.Path(), help="Private key (P-256): sign a run record into the store when the run finishes.")
+@click.option("--attest-prompts", is_flag=True, help="With --attest: put the sha256 of the prompt and output in the record (never their text).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @command
-def run(store: Store, ref: str, prompt: str, key_paths: tuple[str, ...], as_json: bool, **options: Any) -> None:
+def run(store: Store, ref: str, prompt: str, key_paths: tuple[str, ...], as_json: bool, attest_key: str | None, attest_prompts: bool, **options: Any) -> None:
     """Verify the bundle and the tokenizer match, then decode speculatively (losslessly)."""
     from bundler.runbundle import run_bundle
 
     parsed = parse_ref(ref)
+    if attest_prompts and not attest_key:
+        raise BundleError("usage", "--attest-prompts needs --attest KEY")
+    attest = keys.load_private_key(Path(attest_key), _password()) if attest_key else None  # fail before running
     stream = None if as_json else (lambda text: click.echo(text, nl=False))
     try:
-        result = run_bundle(store, parsed, _trusted(key_paths), prompt, on_text=stream, **options)
+        result = run_bundle(store, parsed, _trusted(key_paths), prompt, on_text=stream, attest=attest, attest_prompts=attest_prompts, **options)
     except BundleError as err:
         if as_json:
             _fail(err, as_json=True, extra={"bundle": {"ref": ref}})
@@ -304,6 +309,8 @@ def run(store: Store, ref: str, prompt: str, key_paths: tuple[str, ...], as_json
     else:
         click.echo()
         click.echo(_format_stats(result["stats"]), err=True)
+        if result.get("attestation"):
+            click.echo(f"run record {result['attestation']['digest']} signed by {result['attestation']['key_id'][:16]}…", err=True)
 
 
 def _read_prompts(path: str) -> list[str]:
@@ -395,3 +402,45 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
     click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}")
     click.echo(result.digest)
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key for run records (repeatable); also $BUNDLE_TRUSTED_KEYS.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array on stdout.")
+@command
+def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bool) -> None:
+    """List the signed run records attached to a bundle and verify each; exit 3 if any does not verify."""
+    from bundler.runrecord import attestations as find
+
+    digest, records = find(store, parse_ref(ref), _trusted(key_paths))
+    if as_json:
+        _emit([r.as_json() for r in records])
+    else:
+        click.echo(f"{len(records)} run record(s) for {ref} ({digest})")
+        for r in records:
+            click.echo(_format_record(r))
+    bad = [r for r in records if not r.verified]
+    if bad:
+        first = bad[0].error
+        assert first is not None
+        click.echo(BundleError(first.code, f"{len(bad)} of {len(records)} run record(s) did not verify; first: {first.message}").line(), err=True)
+        sys.exit(first.exit_code)
+
+
+def _format_record(record: Any) -> str:
+    """One record as a line: verdict, signer, time range, engine, totals."""
+    predicate = (record.statement or {}).get("predicate") if isinstance(record.statement, dict) else None
+    p = predicate if isinstance(predicate, dict) else {}
+    totals = p.get("totals") if isinstance(p.get("totals"), dict) else {}
+    rate = totals.get("acceptance_rate")
+    who = record.signer[:16] if record.signer else (f"{record.claimed_signer[:16]} (unverified)" if record.claimed_signer else "-")
+    line = (
+        f"{'ok  ' if record.verified else 'FAIL'} {record.digest[:19]}…  signer {who}  {p.get('started', '?')} .. {p.get('finished', '?')}  "
+        f"{p.get('kind', '?')} {p.get('engine', '?')}/{p.get('device', '?')}/{p.get('dtype', '?')}  "
+        f"requests {totals.get('requests', '?')} tokens {totals.get('tokens', '?')} accepted {totals.get('accepted', '?')}/{totals.get('drafted', '?')}"
+        f" ({f'{rate:.2f}' if isinstance(rate, (int, float)) else '-'}) fallbacks {totals.get('fallbacks', '?')}"
+    )
+    if record.error is not None:
+        line += f"\n     {record.error.line()}"
+    return line

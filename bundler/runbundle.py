@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from bundler import runrecord
 from bundler.refs import Ref
 from bundler.store import Store
 from bundler.unpack import extract_verified, make_writable
@@ -54,17 +55,28 @@ def _bundle_info(ref: Ref, report: VerifyReport) -> dict[str, Any]:
 
 
 def run_bundle(
-    store: Store, ref: Ref, trusted: Mapping[str, Any], prompt: str, on_text: Callable[[str], None] | None = None, **options: Any
+    store: Store, ref: Ref, trusted: Mapping[str, Any], prompt: str, on_text: Callable[[str], None] | None = None,
+    attest: Any = None, attest_prompts: bool = False, **options: Any
 ) -> dict[str, Any]:
-    """Verify the bundle, then decode; raises the first BundleError (before any weights are loaded)."""
+    """Verify the bundle, then decode; raises the first BundleError (before any weights are loaded).
+
+    With `attest` (a private key), a signed run record is added to the store once the run has finished
+    (bundler.runrecord); `attest_prompts` puts the sha256 of the prompt and output in it."""
     from runner.run import run_unpacked  # torch is imported only when a bundle runs
 
+    started = runrecord.now()
     with verified_checkout(store, ref, trusted) as (root, report, checkout_timings):
         result = run_unpacked(root, prompt=prompt, on_text=on_text, **_runner_args(report), **options)
     before = checkout_timings["verify_s"] + checkout_timings["extract_s"]
     timings = {**checkout_timings, **result.get("timings", {})}
     timings["first_token_s"] = timings.get("first_token_s", 0.0) + before  # from the start of verification
-    return {"ok": True, "bundle": _bundle_info(ref, report), **result, "timings": timings, "error": None}
+    out = {"ok": True, "bundle": _bundle_info(ref, report), **result, "timings": timings, "error": None}
+    if attest is not None:
+        recorder = runrecord.Recorder(store, runrecord.Context.from_report("run", report, result, options), attest, attest_prompts, started)
+        recorder.add(result["stats"], prompt, result.get("text", ""))
+        written = recorder.flush()
+        out["attestation"] = {"digest": written.record, "key_id": written.key_id} if written else None
+    return out
 
 
 def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: list[str], **options: Any) -> dict[str, Any]:
