@@ -383,7 +383,8 @@ def push(store: Store, ref: str, plain_http: bool) -> None:
     for tick in _progress():
         result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick)
     sigs = f"{len(result.signatures)} signature(s) ({'referrers API' if result.referrers == 'api' else 'referrers tag ' + result.digest.replace(':', '-', 1)[:19] + '…'})" if result.signatures else "unsigned"
-    click.echo(f"pushed {result.ref}: {result.blobs_uploaded} blobs uploaded ({result.bytes_uploaded:,} bytes), {result.blobs_skipped} already there; {sigs}")
+    records = f", {len(result.records)} run record(s)" if result.records else ""
+    click.echo(f"pushed {result.ref}: {result.blobs_uploaded} blobs uploaded ({result.bytes_uploaded:,} bytes), {result.blobs_skipped} already there; {sigs}{records}")
     click.echo(result.digest)
 
 
@@ -400,7 +401,8 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
     for tick in _progress():
         result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick)
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
-    click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}")
+    records = f"; {len(result.records)} run record(s) (check them with `bundle attestations`)" if result.records else ""
+    click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}{records}")
     click.echo(result.digest)
 
 

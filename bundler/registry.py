@@ -31,7 +31,7 @@ import oras.auth
 import oras.auth.utils
 import requests
 
-from bundler import credentials, signature
+from bundler import credentials, runrecord, signature
 from bundler.errors import BundleError
 from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
 from bundler.modelkit import load_modelkit
@@ -59,6 +59,7 @@ class PushResult:
     bytes_uploaded: int
     signatures: list[str]  # signature manifest digests pushed
     referrers: str  # "api" when the registry indexes subjects itself, "tag" when we wrote the fallback index, "" if unsigned
+    records: list[str] = field(default_factory=list)  # run record manifest digests pushed (bundler.runrecord)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class PullResult:
     bytes_downloaded: int
     signer: str | None
     signatures: list[str] = field(default_factory=list)
+    records: list[str] = field(default_factory=list)  # run record manifest digests carried (verified by `bundle attestations`)
 
 
 # transport ---------------------------------------------------------------------------------------
@@ -372,6 +374,8 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
         sigs.append((sig_desc, data, sig_manifest))
         for item in [sig_manifest["config"], *sig_manifest["layers"]]:
             blobs.append((Descriptor(item["mediaType"], item["digest"], item["size"]), f"signature {item['digest'][7:19]}"))
+    records = local_records(store, mk.digest)
+    blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
     unique = list({d.digest: (d, label) for d, label in blobs}.values())
     uploader = _Uploader(client, store, progress)
     _run_all([lambda d=d, label=label: uploader.upload(d, label) for d, label in sorted(unique, key=lambda x: -x[0].size)], uploader.stop)
@@ -387,7 +391,69 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
         if fallback:
             _update_fallback_index(client, mk.digest, fallback)
         mode = "tag" if fallback else "api"
-    return PushResult(str(ref), mk.digest, uploader.uploaded, uploader.skipped, uploader.bytes, [s[0].digest for s in sigs], mode)
+    push_records(client, mk.digest, records)
+    return PushResult(str(ref), mk.digest, uploader.uploaded, uploader.skipped, uploader.bytes, [s[0].digest for s in sigs], mode,
+                      [desc.digest for desc, _, _ in records])
+
+
+# run records (bundler.runrecord): carried like signatures, by the referrers API or the fallback tag.
+# Push and pull only move them (digests checked); `bundle attestations` verifies them.
+
+
+def local_records(store: Store, subject: str) -> list[tuple[Descriptor, bytes, list[Descriptor]]]:
+    """(manifest descriptor, manifest bytes, its blobs) of each run record of `subject` in the store.
+
+    A record whose manifest or blobs are damaged or missing stays behind (`bundle attestations` reports it)."""
+    out = []
+    for desc in runrecord.find_records(store, subject):
+        try:
+            data, manifest = store.read_json_blob(desc)
+            items = [manifest.get("config"), *(manifest.get("layers") or [])]
+            record_blobs = [_descriptor(item, f"run record {desc.digest[:19]}…", MAX_JSON_BLOB) for item in items]
+        except (BundleError, AttributeError, TypeError):
+            continue
+        if all(store.has_blob(d.digest) for d in record_blobs):
+            out.append((desc, data, record_blobs))
+    return out
+
+
+def push_records(client: Client, subject: str, records: list[tuple[Descriptor, bytes, list[Descriptor]]]) -> None:
+    """PUT each record manifest (its blobs already uploaded); list them in the fallback index where the
+    registry does not index subjects itself."""
+    fallback = []
+    for desc, data, _ in records:
+        resp = _put_manifest(client, desc.digest, data, OCI_MANIFEST, f"push of run record {desc.digest[:19]}…")
+        if resp.headers.get("OCI-Subject") != subject:
+            fallback.append({**desc.as_dict(), "artifactType": runrecord.ARTIFACT_TYPE,
+                             "annotations": {runrecord.PREDICATE_ANNOTATION: runrecord.PREDICATE_TYPE}})
+    if fallback:
+        _update_fallback_index(client, subject, fallback)
+
+
+def remote_records(client: Client, subject: str) -> list[tuple[Descriptor, bytes, list[Descriptor]]]:
+    """(manifest descriptor, manifest bytes, its blobs) of each run record of `subject` the registry lists;
+    a manifest that is not a record about `subject` is skipped."""
+    out = []
+    for ref_desc in referrers(client, subject, runrecord.ARTIFACT_TYPE):
+        what = f"run record {ref_desc.digest[:19]}…"
+        data, digest, _ = _get_manifest(client, ref_desc.digest, what, expect=ref_desc.digest)
+        try:
+            body = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("subject"), dict) or body["subject"].get("digest") != subject:
+            continue
+        if body.get("artifactType") != runrecord.ARTIFACT_TYPE:
+            continue
+        layers = body.get("layers")
+        if not isinstance(layers, list):
+            continue
+        try:
+            record_blobs = [_descriptor(item, what, MAX_JSON_BLOB) for item in [body.get("config"), *layers]]
+        except BundleError:
+            continue  # not a well-formed record: not ours to carry
+        out.append((Descriptor(OCI_MANIFEST, digest, len(data)), data, record_blobs))
+    return out
 
 
 def _run_all(jobs: list[Callable[[], None]], stop: threading.Event) -> None:
@@ -611,6 +677,8 @@ def pull(
         sig_manifests.append((Descriptor(OCI_MANIFEST, sig_digest, len(data)), data))
         swhat = f"signature {sig_digest[:19]}…"
         blobs += [(_descriptor(x, swhat, MAX_JSON_BLOB), f"signature {sig_digest[7:19]}") for x in [body.get("config"), *(body.get("layers") or [])]]
+    records = remote_records(client, digest)
+    blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
 
     unique = list({d.digest: (d, label) for d, label in blobs}.values())
     downloader = _Downloader(client, store, progress)
@@ -631,7 +699,7 @@ def pull(
         tmp.ensure()
         for blob_digest, path in files.items():
             _place(path, tmp.blob_path(blob_digest))
-        for data in [manifest_bytes] + [d for _, d in sig_manifests]:
+        for data in [manifest_bytes] + [d for _, d in sig_manifests] + [d for _, d, _ in records]:
             tmp.blob_path(sha256_digest(data)).write_bytes(data)
         manifest_desc = Descriptor(OCI_MANIFEST, digest, len(manifest_bytes))
         tmp.tag(ref, manifest_desc)
@@ -650,10 +718,13 @@ def pull(
                     _place(path, blob_dir / path.name)
             for sig_desc, _ in sig_manifests:
                 store.add_untagged(sig_desc, SIG_TYPE)
+            for record_desc, _, _ in records:
+                store.add_untagged(record_desc, runrecord.ARTIFACT_TYPE)
             store.tag(ref, manifest_desc)
             store.write_state(ROLLBACK_STATE, _merge_versions(store.state(ROLLBACK_STATE), tmp.state(ROLLBACK_STATE)))
         for path in downloader.fetched:
             path.unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp.root, ignore_errors=True)
-    return PullResult(str(ref), digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signer, [d.digest for d, _ in sig_manifests])
+    return PullResult(str(ref), digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signer, [d.digest for d, _ in sig_manifests],
+                      [d.digest for d, _, _ in records])

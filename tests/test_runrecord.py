@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import requests
 
 from bundler import dsse, runrecord
 from bundler.keys import key_id, load_private_key, load_public_key
@@ -18,6 +19,7 @@ from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref
 from bundler.store import Store
 from conftest import assert_matches_schema, run_bundle
+from registry_server import registry  # noqa: F401  (fixture)
 from tests.tinymodels import make_pair
 
 REF = "tiny-spec:1.0.0"
@@ -211,3 +213,39 @@ def test_a_recorder_counts_every_request_of_a_window_and_starts_a_new_one(attest
     assert second.statement["predicate"]["started"] == first.statement["predicate"]["finished"]
     checks = {c.digest: c for c in _check(store, REF, _trusted(other_keypair[1]))}
     assert checks[first.record].verified and checks[second.record].verified
+
+
+def _record_without_a_model(store: Path, ref: str, signer_key: Path, started_offset_s: int = 0) -> runrecord.Written:
+    """A record written by the library (as serve writes one) for a bundle with no runnable model: fast transport tests."""
+    import datetime as dt
+
+    s = Store(store)
+    mk = load_modelkit(s, parse_ref(ref))
+    ctx = runrecord.Context("run", ref, mk.digest, mk.kitfile.name, mk.kitfile.version, "ab" * 32, ("manifest", "signature"),
+                            "sha256:" + "cd" * 32, mk.kitfile.parameters, {"max_new_tokens": 4}, "torch", "cpu", "float32")
+    started = dt.datetime(2026, 12, 1, 9, 0, started_offset_s, tzinfo=dt.timezone.utc)
+    recorder = runrecord.Recorder(s, ctx, load_private_key(signer_key), started=started)
+    recorder.add({"new_tokens": 4, "drafted": 6, "accepted": 3, "fallback": None})
+    return recorder.flush(started + dt.timedelta(seconds=2))
+
+
+def test_records_travel_through_push_and_pull_and_verify_on_the_other_side(registry, tree: Path, tmp_path: Path, keypair, other_keypair) -> None:
+    (tmp_path / "no-docker").mkdir()
+    env = {"DOCKER_CONFIG": str(tmp_path / "no-docker"), "BUNDLE_REGISTRY_USER": "", "BUNDLE_REGISTRY_PASSWORD": ""}
+    ref = f"{registry.host}/org/attested:v1"
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    digest = run_bundle("pack", str(tree), "-t", ref, "--key", str(keypair[0]), "--store", str(src), check=True).out.split()[-1]
+    written = [_record_without_a_model(src, ref, other_keypair[0], i) for i in range(2)]
+    pushed = run_bundle("push", ref, "--plain-http", "--store", str(src), env=env, check=True)
+    assert "2 run record(s)" in pushed.out
+    # docker-registry 2.8 has no referrers API: signature and records share the fallback index.
+    index = requests.get(f"http://{registry.host}/v2/org/attested/manifests/sha256-{digest[7:]}",
+                         headers={"Accept": "application/vnd.oci.image.index.v1+json"}).json()
+    assert sorted(m["artifactType"] for m in index["manifests"]) == ["application/vnd.dev.sigstore.bundle.v0.3+json"] + ["application/vnd.in-toto+json"] * 2
+    pulled = run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--store", str(dst), env=env, check=True)
+    assert pulled.out.strip().splitlines()[-1] == digest
+    listed = run_bundle("attestations", ref, "--key", str(other_keypair[1]), "--store", str(dst), "--json", check=True)
+    rows = json.loads(listed.out)
+    assert sorted(r["digest"] for r in rows) == sorted(w.record for w in written)
+    assert all(r["verified"] and r["statement"]["subject"][0]["digest"]["sha256"] == digest[7:] for r in rows)
+    assert [r["statement"]["predicate"]["started"] for r in rows] == sorted(r["statement"]["predicate"]["started"] for r in rows)
