@@ -56,7 +56,8 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
                 traceback.print_exc()
             _fail(err, as_json=kwargs.get("as_json", False))
         except KeyboardInterrupt:
-            click.echo("error: [internal] interrupted; the store is unchanged", err=True)
+            # Every store write is staged and renamed into place last, so an interrupt leaves what was there.
+            click.echo("error: [interrupted] stopped by Ctrl-C", err=True)
             sys.exit(130)
 
     return wrapper
@@ -66,12 +67,17 @@ class _Group(click.Group):
     """Usage errors as one line, `error: [usage] ...`, exit 2; bugs as `error: [internal] ...`, exit 1."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        argv = args[0] if args else kwargs.get("args", sys.argv[1:])
+        if not argv:  # bare `bundle`: the help, on stdout, as success
+            with click.Context(self, info_name="bundle") as ctx:
+                click.echo(self.get_help(ctx))
+            sys.exit(0)
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("error: [internal] aborted", err=True)
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("error: [interrupted] stopped by Ctrl-C", err=True)
             sys.exit(130)
         except click.UsageError as exc:
             hint = f" (see `bundle {exc.ctx.info_name} --help`)" if exc.ctx and exc.ctx.info_name != "bundle" else " (see `bundle --help`)"
@@ -228,12 +234,108 @@ def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int,
         console.print(f"memory to run ({mem['dtype']}, {mem['max_tokens']} tokens): {mem['total_bytes'] / 2**20:,.0f} MiB")
 
 
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
 @main.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array on stdout.")
 @command
-def list_(store: Store) -> None:
-    """Bundles in the store."""
-    for entry in store.entries():
-        click.echo(f"{entry.ref}\t{entry.digest}")
+def list_(store: Store, as_json: bool) -> None:
+    """Bundles in the store: one row per tag."""
+    from bundler.catalog import rows
+
+    found = rows(store)
+    if as_json:
+        _emit([vars(r) for r in found])
+        return
+    if not found:
+        click.echo(f"no bundles in the store {store.root} (add one with `bundle pack` or `bundle pull`)")
+        return
+    table = [("REF", "DIGEST", "NAME", "VERSION", "SIZE", "CREATED", "SIGNERS")]
+    table += [(r.ref, r.digest[:19], r.name, r.version, _size(r.size), r.created, ",".join(k[:16] for k in r.signers) or "unsigned") for r in found]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dst")
+@command
+def tag(store: Store, src: str, dst: str) -> None:
+    """Add the tag DST to the bundle SRC names (its signatures go with it)."""
+    from bundler.catalog import tag as do_tag
+
+    digest = do_tag(store, parse_ref(src), parse_ref(dst))
+    click.echo(f"tagged {parse_ref(dst)} -> {digest}")
+
+
+@main.command()
+@click.argument("refs", nargs=-1, required=True)
+@command
+def rm(store: Store, refs: tuple[str, ...]) -> None:
+    """Remove tags; the blobs stay until `bundle gc`."""
+    from bundler.catalog import remove
+
+    for name in remove(store, [parse_ref(r) for r in refs]):
+        click.echo(f"removed {name}")
+    click.echo("run `bundle gc` to free the space")
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@command
+def gc(store: Store, dry_run: bool, as_json: bool) -> None:
+    """Delete the blobs no tag reaches (signatures and attestations of removed bundles included)."""
+    from bundler.gc import collect
+
+    result = collect(store, dry_run)
+    if as_json:
+        _emit(result.as_json())
+        return
+    verb = "would free" if dry_run else "freed"
+    click.echo(f"{verb} {result.bytes_freed:,} bytes: {len(result.removed_blobs)} blobs, {len(result.removed_manifests)} untagged manifests; {result.kept_blobs} blobs kept")
+
+
+@main.command()
+@click.argument("host")
+@click.option("-u", "--username", help="User name (asked for on a terminal when missing).")
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@command
+def login(store: Store, host: str, username: str | None, password_stdin: bool) -> None:
+    """Store credentials for a registry HOST[:PORT] in docker's config.json."""
+    from bundler import credentials
+
+    if password_stdin:
+        if not username:
+            raise BundleError("usage", "--password-stdin needs -u USER")
+        password = sys.stdin.read().rstrip("\r\n")
+    elif sys.stdin.isatty():
+        username = username or click.prompt("Username")
+        password = click.prompt("Password", hide_input=True)
+    else:
+        raise BundleError("usage", "stdin is not a terminal: give -u USER --password-stdin and pipe the password")
+    path = credentials.login(host, username or "", password)
+    click.echo(f"login for {host} stored in {path}")
+
+
+@main.command()
+@click.argument("host")
+@command
+def logout(store: Store, host: str) -> None:
+    """Remove the stored credentials for a registry HOST[:PORT]."""
+    from bundler import credentials
+
+    if credentials.logout(host):
+        click.echo(f"removed the login for {host} from {credentials.docker_config_path()}")
+    else:
+        click.echo(f"no login for {host} in {credentials.docker_config_path()}")
 
 
 @main.command()
@@ -374,14 +476,15 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 
 @main.command()
 @click.argument("ref")
+@click.argument("dst", required=False)
 @click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
 @command
-def push(store: Store, ref: str, plain_http: bool) -> None:
-    """Push the bundle tagged REF (HOST[:PORT]/NAME:TAG) and its signatures; the last line is the manifest digest."""
+def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
+    """Push the store entry REF and its signatures, to DST (HOST[:PORT]/NAME:TAG) or to REF itself; the last line is the manifest digest."""
     from bundler.registry import push as do_push
 
     for tick in _progress():
-        result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick)
+        result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick, dest=parse_ref(dst) if dst else None)
     sigs = f"{len(result.signatures)} signature(s) ({'referrers API' if result.referrers == 'api' else 'referrers tag ' + result.digest.replace(':', '-', 1)[:19] + '…'})" if result.signatures else "unsigned"
     records = f", {len(result.records)} run record(s)" if result.records else ""
     click.echo(f"pushed {result.ref}: {result.blobs_uploaded} blobs uploaded ({result.bytes_uploaded:,} bytes), {result.blobs_skipped} already there; {sigs}{records}")

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,3 +105,58 @@ def lookup(registry: str) -> Credentials | None:
     if config.get("credsStore"):
         return _from_helper(config["credsStore"], registry)
     return None
+
+
+def _read_config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise BundleError("registry-auth", f"cannot read {path}: {exc}; fix or move it, then log in again") from None
+    if not isinstance(config, dict) or not isinstance(config.get("auths", {}), dict):
+        raise BundleError("registry-auth", f"{path} is not a docker config.json (no 'auths' map)")
+    return config
+
+
+def _write_config(path: Path, config: dict) -> None:
+    """Replace config.json atomically, readable by its owner only (it holds a password)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config.json.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(config, f, indent="\t")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def login(registry: str, username: str, password: str) -> Path:
+    """Store credentials for `registry` as `docker login` does (an inline base64 `auth` entry); returns the file."""
+    if not username or not password:
+        raise BundleError("usage", "login needs a user name and a non-empty password")
+    if ":" in username:
+        raise BundleError("usage", f"user name {username!r} contains ':', which the docker 'auth' format cannot hold")
+    path = docker_config_path()
+    config = _read_config(path)
+    auths = config.setdefault("auths", {})
+    auths[registry] = {**(auths.get(registry) or {}), "auth": base64.b64encode(f"{username}:{password}".encode()).decode()}
+    _write_config(path, config)
+    return path
+
+
+def logout(registry: str) -> bool:
+    """Remove every stored spelling of `registry` from config.json; False when there was nothing to remove."""
+    path = docker_config_path()
+    config = _read_config(path)
+    auths = config.get("auths") or {}
+    found = [k for k in _host_keys(registry) if k in auths]
+    if not found:
+        return False
+    for key in found:
+        del auths[key]
+    _write_config(path, config)
+    return True

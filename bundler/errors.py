@@ -8,6 +8,7 @@ INTERNAL, USAGE, INTEGRITY, POLICY, REGISTRY, INVALID = 1, 2, 3, 4, 5, 6
 # Every code name the project raises, with its exit code. A new code is added here first.
 CODES: dict[str, int] = {
     "internal": INTERNAL,
+    "interrupted": 130,  # Ctrl-C: the shell convention 128 + SIGINT
     "usage": USAGE,
     "not-found": USAGE,
     "missing-input": USAGE,

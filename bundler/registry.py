@@ -361,10 +361,13 @@ def _update_fallback_index(client: Client, subject: str, entries: list[dict[str,
     _put_manifest(client, tag, go_json(index), OCI_INDEX, "write of the referrers index")
 
 
-def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress | None = None) -> PushResult:
-    """Push the bundle the store tags `ref` (HOST/NAME:TAG) with its blobs and signature artifacts."""
-    client = _client(ref, plain_http)
+def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress | None = None, dest: Ref | None = None) -> PushResult:
+    """Push the bundle the store tags `ref` with its blobs and signature artifacts, to `dest` (HOST/NAME:TAG) or `ref`."""
     mk = load_modelkit(store, ref)
+    ref = dest or ref
+    if not ref.registry:
+        raise BundleError("usage", f"{ref} names no registry: give the destination as HOST[:PORT]/NAME:TAG (`bundle push SRC DST`)")
+    client = _client(ref, plain_http)
     manifest_bytes, _ = store.read_json_blob(mk.manifest_desc)
     blobs: list[tuple[Descriptor, str]] = [(mk.config_desc, "config")]
     blobs += [(desc, f"{spec.path} {desc.digest[7:19]}") for spec, desc in mk.layers]
