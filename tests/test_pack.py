@@ -106,7 +106,11 @@ def test_list_shows_tagged_bundles(tree: Path, store_dir: Path) -> None:
     digest = _pack(tree, store_dir)
     _pack(tree, store_dir, "other/name:v2")
     out = run_bundle("list", "--store", str(store_dir), check=True).out
-    assert out.splitlines() == [f"other/name:v2\t{digest}", f"tiny-spec:1.0.0\t{digest}"]
+    lines = out.splitlines()
+    assert lines[0].startswith("REF") and len(lines) == 3  # a header, then one row per tag, sorted by ref
+    assert [line.split()[:2] for line in lines[1:]] == [["other/name:v2", digest[:19]], ["tiny-spec:1.0.0", digest[:19]]]
+    rows = json.loads(run_bundle("list", "--json", "--store", str(store_dir), check=True).out)
+    assert [(r["ref"], r["digest"]) for r in rows] == [("other/name:v2", digest), ("tiny-spec:1.0.0", digest)]
 
 
 def test_inspect_json_reports_layers_roles_and_sizes(tree: Path, store_dir: Path) -> None:
