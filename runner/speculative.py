@@ -1,4 +1,4 @@
-"""Speculative decoding on transformers models with KV caches, lossless, with a guard that falls back.
+"""Speculative decoding over an engine pair (runner.engines: torch or llama.cpp), lossless, with a guard.
 
 The loop (`generate_speculative`): the draft proposes k tokens one step at a time, the target scores
 all of them in one pass, the longest agreeing prefix is kept plus one token of the target's own, and
@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from runner.engines import Engine, as_engine
+from runner.engines.torch_engine import model_logits as _logits  # noqa: F401 (bench, benchmarks)
+from runner.engines.torch_engine import new_cache as _new_cache  # noqa: F401
 from runner.metrics import Stats, best_predicted_speedup
 
 WARMUP_ITERATIONS = 6  # speculative iterations before the guard judges
@@ -71,27 +74,11 @@ class Sampler:
         return self.sample(probs), probs
 
 
-def _new_cache(model, tokens: int = 0):
-    """The model's own cache when it brings one (runner.compact_llama; room for `tokens` reserved at once),
-    else transformers' DynamicCache."""
-    if hasattr(model, "new_cache"):
-        return model.new_cache(tokens)
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
-def _logits(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
-    """Runs `ids` (1-D) through the model on top of its cache; (len or 1, V) logits."""
-    out = model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
-    return out.logits[0]
-
-
-def _prefill(model, ids: torch.Tensor, cache, stats: Stats) -> torch.Tensor:
-    """Puts all but the last prompt token in the cache; returns the last one, still to be run."""
+def _prefill(engine: Engine, ids: torch.Tensor, stats: Stats) -> torch.Tensor:
+    """Puts all but the last prompt token in the engine's cache; returns the last one, still to be run."""
     if len(ids) > 1:
         stats.target_calls.append((0, len(ids) - 1))
-        _logits(model, ids[:-1], cache, last_only=True)
+        engine.forward(ids[:-1], last_only=True)
         stats.target_passes += 1
     return ids[-1:]
 
@@ -108,8 +95,8 @@ def _as_ids(input_ids, device: torch.device) -> torch.Tensor:
     return ids
 
 
-def _vocab_size(models: Iterable, vocab_size: int | None) -> int:
-    sizes = [m.config.get_text_config().vocab_size for m in models]
+def _vocab_size(engines: Iterable[Engine], vocab_size: int | None) -> int:
+    sizes = [e.vocab_size for e in engines]
     if vocab_size is not None and vocab_size > min(sizes):
         raise ValueError(f"vocab_size {vocab_size} exceeds a model's embedding ({min(sizes)})")
     return vocab_size or min(sizes)
@@ -137,18 +124,21 @@ def generate_plain(
     vocab_size: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
-    """The target alone, one token per forward pass, with a KV cache: the reference speculation must match."""
-    device = model.device
+    """The target alone, one token per forward pass, with a KV cache: the reference speculation must match.
+
+    model: an engine (runner.engines) or a torch model."""
+    engine = as_engine(model)
+    device = engine.device
     ids = _as_ids(input_ids, device)
-    sampler = Sampler(temperature, top_p, seed, device, _vocab_size([model], vocab_size))
+    sampler = Sampler(temperature, top_p, seed, device, _vocab_size([engine], vocab_size))
     stats, eos, tokens = Stats(), set(eos_ids), []
     start = time.perf_counter()
-    cache = _new_cache(model, len(ids) + max_new_tokens)
-    last = _prefill(model, ids, cache, stats)
+    engine.reset(len(ids) + max_new_tokens)
+    last = _prefill(engine, ids, stats)
     done = max_new_tokens <= 0
     while not done:
-        stats.target_calls.append((cache.get_seq_length(), 1))
-        last, _ = sampler.pick(_logits(model, last, cache, last_only=True))
+        stats.target_calls.append((engine.length(), 1))
+        last, _ = sampler.pick(engine.forward(last, last_only=True))
         stats.target_passes += 1
         new, done = _finish(tokens, last.tolist(), max_new_tokens, eos)
         tokens += new
@@ -159,7 +149,7 @@ def generate_plain(
 
 
 def _draft(
-    draft, cache, pending: torch.Tensor, k: int, sampler: Sampler, confidence: float = 0.0
+    draft: Engine, pending: torch.Tensor, k: int, sampler: Sampler, confidence: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Up to k draft tokens, one draft step each (the first step also runs `pending`); their distributions q.
 
@@ -169,7 +159,7 @@ def _draft(
     tokens, dists, sure = [], [], 1.0
     step_input = pending
     for _ in range(k):
-        logits = _logits(draft, step_input, cache, last_only=True)
+        logits = draft.forward(step_input, last_only=True)
         token, q = sampler.pick(logits)
         tokens.append(token)
         dists.append(q)
@@ -238,8 +228,7 @@ def _adapt(k: int, drafted: int, n: int, max_k: int) -> int:
 
 def parameter_costs(target, draft) -> tuple[float, float]:
     """A cost model that needs no clock: a draft step costs its share of the parameters, a verify pass one step."""
-    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    return count(draft) / count(target), 1.0
+    return as_engine(draft).parameters / as_engine(target).parameters, 1.0
 
 
 class Guard:
@@ -338,7 +327,9 @@ def generate_speculative(
     acceptance below `min_acceptance`), with trials of speculation now and then (see Guard); the first
     fallback is recorded in stats.fallback. vocab_size: compare the
     models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens.
+    target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
+    target, draft = as_engine(target), as_engine(draft)
     device = target.device
     ids = _as_ids(input_ids, device)
     sampler = Sampler(temperature, top_p, seed, device, _vocab_size([target, draft], vocab_size))
@@ -350,19 +341,20 @@ def generate_speculative(
     judge = Guard(stats, max_k, min_acceptance, costs) if guard else None
     start = time.perf_counter()
     room = len(ids) + max_new_tokens + max_k + 1
-    target_cache, draft_cache = _new_cache(target, room), _new_cache(draft, room)
-    last = _prefill(target, ids, target_cache, stats)
+    target.reset(room)
+    draft.reset(room)
+    last = _prefill(target, ids, stats)
     pending = ids  # the draft's prefill comes with its first step
     done = max_new_tokens <= 0
     while not done:
         budget = min(k, max_new_tokens - len(tokens) - 1) if judge is None or judge.drafting(len(tokens)) else 0
         t0 = time.perf_counter()
-        drafts, q = _draft(draft, draft_cache, pending, budget, sampler, draft_confidence)
+        drafts, q = _draft(draft, pending, budget, sampler, draft_confidence)
         kk = len(drafts)
         sync()
         t1 = time.perf_counter()
-        stats.target_calls.append((target_cache.get_seq_length(), kk + 1))
-        logits = _logits(target, torch.cat([last, drafts]), target_cache, last_only=False)
+        stats.target_calls.append((target.length(), kk + 1))
+        logits = target.forward(torch.cat([last, drafts]), last_only=False)
         n, last, new = verify(logits, drafts, q, sampler)
         t2 = time.perf_counter()
         stats.target_passes += 1
@@ -377,9 +369,9 @@ def generate_speculative(
             stats.spec_time_s += t2 - t0
             stats.spec_tokens += n + 1
             if n < kk:  # roll both caches back to the accepted prefix
-                target_cache.crop(-(kk - n))
+                target.crop(kk - n)
                 if kk - 1 - n:
-                    draft_cache.crop(-(kk - 1 - n))
+                    draft.crop(kk - 1 - n)
                 pending = last
             else:  # all accepted: the draft has not run its own last token yet
                 pending = torch.cat([drafts[-1:], last])

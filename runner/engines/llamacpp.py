@@ -1,0 +1,100 @@
+"""The llama.cpp engine: a GGUF file through llama-cpp-python, driven token batch by token batch.
+
+llama-cpp-python's high-level `Llama` loads the file and owns the context; the loop needs two things it
+does not expose, so they come from its low-level binding of llama.cpp's C API: a decode of a batch with
+logits for every position (a verify pass of k + 1 tokens) and the removal of the cache's tail
+(`llama_memory_seq_rm`, a rejected draft).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+N_BATCH = 512  # tokens per llama_decode call (a longer prompt is prefilled in chunks)
+
+
+def version() -> str:
+    """llama-cpp-python's version (the engine version run --json and bench record)."""
+    import llama_cpp
+
+    return llama_cpp.__version__
+
+
+class LlamaCppEngine:
+    """A GGUF model behind the engine interface (runner.engines.Engine)."""
+
+    name = "llama.cpp"
+    device = torch.device("cpu")
+
+    def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int | None = None) -> None:
+        import llama_cpp
+
+        self._lib = llama_cpp
+        threads = threads or os.cpu_count() or 1
+        self.llm = llama_cpp.Llama(
+            model_path=str(path), n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=threads,
+            n_threads_batch=threads, logits_all=False, verbose=False,
+        )
+        self.threads, self.n_ctx = threads, self.llm.n_ctx()
+        self.vocab_size = self.llm.n_vocab()
+        self.parameters = int(llama_cpp.llama_model_n_params(self.llm.model))
+        self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
+        self._memory = llama_cpp.llama_get_memory(self.llm.ctx)
+        self.n = 0
+
+    def __del__(self) -> None:
+        batch = getattr(self, "_batch", None)
+        if batch is not None:
+            self._lib.llama_batch_free(batch)
+            self._batch = None
+
+    def reset(self, room: int) -> None:
+        if room > self.n_ctx:
+            raise ValueError(f"{room} tokens exceed the llama.cpp context ({self.n_ctx})")
+        self._lib.llama_memory_clear(self._memory, True)
+        self.n = 0
+
+    def _decode(self, ids: list[int], all_logits: bool) -> np.ndarray:
+        batch = self._batch
+        batch.n_tokens = len(ids)
+        for i, token in enumerate(ids):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, self.n + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = all_logits or i == len(ids) - 1
+        if self._lib.llama_decode(self.llm.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        self.n += len(ids)
+        rows = len(ids) if all_logits else 1
+        pointer = self._lib.llama_get_logits(self.llm.ctx)
+        # the context reuses its buffer on the next decode: copy
+        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
+                                     shape=(rows, self.vocab_size)).copy()
+
+    def forward(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        tokens = ids.view(-1).tolist()
+        if self.n + len(tokens) > self.n_ctx:
+            raise ValueError(f"{self.n + len(tokens)} tokens exceed the llama.cpp context ({self.n_ctx})")
+        if last_only:
+            for i in range(0, len(tokens), N_BATCH):
+                out = self._decode(tokens[i : i + N_BATCH], all_logits=False)
+            return torch.from_numpy(out)
+        if len(tokens) > N_BATCH:
+            return torch.cat([self.forward(ids[i : i + N_BATCH], False) for i in range(0, len(tokens), N_BATCH)])
+        return torch.from_numpy(self._decode(tokens, all_logits=True))
+
+    def crop(self, n: int) -> None:
+        self.n -= n
+        self._lib.llama_memory_seq_rm(self._memory, 0, self.n, -1)
+
+    def length(self) -> int:
+        return self.n
+
+
+def load(path: str | Path, n_ctx: int = 4096, threads: int | None = None) -> LlamaCppEngine:
+    """Loads one GGUF file into a llama.cpp engine (n_ctx: the most tokens its cache holds)."""
+    return LlamaCppEngine(path, n_ctx, threads)
