@@ -205,5 +205,10 @@ def check_tree(context: Path, kitfile: Kitfile) -> None:
             found = pickle_files(names)
             if found:
                 raise BundleError("pickle-weights", f"{spec.role} holds pickle-based weights {found[0]!r}: convert to safetensors")
-            if target.is_dir() and not any(target.rglob("*.safetensors")):
-                raise _invalid(str(context), f"{spec.role} path {spec.path!r} holds no *.safetensors weights")
+            ggufs = [n for n in names if n.endswith(".gguf")]  # GGUF: tensors and metadata, no code
+            if len(ggufs) > 1:
+                raise _invalid(str(context), f"{spec.role} path {spec.path!r} holds {len(ggufs)} GGUF files; a role holds one")
+            if ggufs and any(n.endswith(".safetensors") for n in names):
+                raise _invalid(str(context), f"{spec.role} path {spec.path!r} holds both GGUF and safetensors weights")
+            if target.is_dir() and not ggufs and not any(target.rglob("*.safetensors")):
+                raise _invalid(str(context), f"{spec.role} path {spec.path!r} holds no *.safetensors or *.gguf weights")

@@ -154,6 +154,13 @@ def _roles(mk: ModelKit, scans: Mapping[str, LayerScan]) -> tuple[None, str]:
             found = pickle_files(files)
             if found:
                 raise BundleError("pickle-weights", f"{spec.role} holds pickle-based weights {found[0]!r}")
+            ggufs = [f for f in files if f.endswith(".gguf")]  # one GGUF file: weights and their own config
+            if len(ggufs) > 1:
+                raise BundleError("invalid-bundle", f"{spec.role} ({spec.path}) holds {len(ggufs)} GGUF files; a role holds one")
+            if ggufs and any(f.endswith(".safetensors") for f in files):
+                raise BundleError("invalid-bundle", f"{spec.role} ({spec.path}) holds both GGUF and safetensors weights")
+            if ggufs:
+                continue
             if not any(f.endswith(".safetensors") for f in files):
                 raise BundleError("invalid-bundle", f"{spec.role} ({spec.path}) holds no safetensors weights")
             if not any(posixpath.basename(f) == "config.json" for f in files):
@@ -161,7 +168,8 @@ def _roles(mk: ModelKit, scans: Mapping[str, LayerScan]) -> tuple[None, str]:
         if spec.role == "tokenizer" and not any(posixpath.basename(f) == "tokenizer.json" for f in files):
             raise BundleError("invalid-bundle", f"tokenizer ({spec.path}) has no tokenizer.json")
     roles = {spec.role: spec.path for spec, _ in mk.layers if spec.role in ("target", "draft", "tokenizer")}
-    return None, ", ".join(f"{r}={p}" for r, p in roles.items()) + "; weights are safetensors"
+    kind = "GGUF" if any(f.endswith(".gguf") for s in scans.values() for f in s.files) else "safetensors"
+    return None, ", ".join(f"{r}={p}" for r, p in roles.items()) + f"; weights are {kind}"
 
 
 def _tokenizer_files(mk: ModelKit, hashes: Mapping[str, str]) -> tuple[None, str]:

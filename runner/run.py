@@ -13,6 +13,7 @@ from pathlib import Path
 from bundler.errors import BundleError
 from runner import compact_llama
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
+from runner.gguf_model import bundle_format
 from runner.loading import check_weight_files, load_model
 from runner.modelinfo import estimate_memory, read_config, read_raw_config, validate_config
 from runner.pairing import check_memory, check_pairing
@@ -171,6 +172,13 @@ def run_unpacked(
     device = _resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
+    gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
+    if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
+        from runner.gguf_run import run_gguf
+
+        return run_gguf(gguf_dirs, params, prompt, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+                        temperature=temperature, top_p=top_p, seed=seed, raw=raw, memory_budget=memory_budget,
+                        on_text=on_text, text_stream=_TextStream)
     checked = preflight(root, roles, params)
     dirs = checked["dirs"]
     tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
@@ -215,6 +223,7 @@ def run_unpacked(
         "text": tokenizer.decode(result.tokens, skip_special_tokens=True),
         "tokens": result.tokens,
         "stats": result.stats.as_dict(),
+        "engine": "torch",
         "device": device,
         "dtype": dtype,
         "prompt_tokens": len(prompt_ids),

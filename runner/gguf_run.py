@@ -1,0 +1,117 @@
+"""Runs an unpacked GGUF bundle on the llama.cpp engine: the GGUF checks (runner.gguf_model) before any
+weights load, then both files through runner.engines.llamacpp, then the one decoding loop."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from runner import gguf_model
+from runner.engines import llamacpp
+from runner.pairing import check_memory
+
+
+class GGUFTokenizer:
+    """The target file's own llama.cpp tokenizer (vocabulary only), with the calls run.py's text stream uses."""
+
+    def __init__(self, path: Path, metadata: Mapping) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        self.metadata = metadata
+        self.eos_token_id = metadata.get("tokenizer.ggml.eos_token_id")
+        self.special = {i for i, t in enumerate(metadata.get("tokenizer.ggml.token_type") or []) if t == 3}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        kept = [i for i in ids if not (skip_special_tokens and i in self.special)]
+        return self.llm.detokenize(kept).decode("utf-8", "replace")
+
+    def prompt_ids(self, prompt: str, raw: bool) -> list[int]:
+        """Through the file's chat template (tokenizer.chat_template, rendered with jinja2 as transformers
+        does) unless raw; bos added as the file says."""
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        add_bos = bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))
+        if raw or not template:
+            return self.llm.tokenize(prompt.encode(), add_bos=add_bos, special=False)
+        import jinja2
+
+        text = jinja2.Environment().from_string(template).render(
+            messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
+            bos_token="", eos_token="")
+        return self.llm.tokenize(text.encode(), add_bos=add_bos, special=True)
+
+    def eos_ids(self) -> set[int]:
+        m = self.metadata
+        return {int(m[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if m.get(k) is not None}
+
+
+def run_gguf(
+    dirs: Mapping[str, Path],
+    params: Mapping,
+    prompt: str,
+    *,
+    max_new_tokens: int,
+    draft_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    raw: bool,
+    memory_budget: int | None,
+    on_text: Callable[[str], None] | None,
+    text_stream: Callable,
+) -> dict:
+    """run_unpacked for a GGUF pair; the same `run --json` fields, "engine": "llama.cpp"."""
+    from runner.speculative import generate_speculative
+
+    run_start = time.perf_counter()
+    files = {role: gguf_model.gguf_files(dirs[role])[0] for role in ("target", "draft")}
+    headers = {role: gguf_model.read_header(path) for role, path in files.items()}
+    fingerprint = gguf_model.check_tokenizers(files, headers)
+    pairing = gguf_model.check_pairing(headers, params)
+    tokenizer = GGUFTokenizer(files["target"], headers["target"]["metadata"])
+    prompt_ids = tokenizer.prompt_ids(prompt, raw)
+    n_ctx = len(prompt_ids) + max_new_tokens + 2 * draft_tokens + 2
+    memory = gguf_model.estimate_memory(headers, n_ctx)
+    check_memory(memory, memory_budget, "cpu")
+    threads = int(params.get("threads") or os.cpu_count() or 1)
+    load_start = time.perf_counter()
+    target = llamacpp.load(files["target"], n_ctx=n_ctx, threads=threads)
+    draft = llamacpp.load(files["draft"], n_ctx=n_ctx, threads=threads)
+    generate_start = time.perf_counter()
+    first_token: list[float] = []
+    stream = text_stream(tokenizer, on_text) if on_text else None
+
+    def on_tokens(new: list[int]) -> None:
+        if not first_token:
+            first_token.append(time.perf_counter())
+        if stream:
+            stream(new)
+
+    result = generate_speculative(
+        target, draft, prompt_ids, max_new_tokens, draft_tokens=draft_tokens,
+        adaptive=bool(params.get("adaptive", True)), draft_confidence=float(params.get("draft_confidence", 0.0)),
+        temperature=temperature, top_p=top_p, seed=seed, eos_ids=tokenizer.eos_ids(),
+        min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
+        on_tokens=on_tokens,
+    )
+    end = time.perf_counter()
+    first = first_token[0] if first_token else end
+    return {
+        "tokenizer": {"fingerprint": fingerprint},
+        "text": tokenizer.decode(result.tokens),
+        "tokens": result.tokens,
+        "stats": result.stats.as_dict(),
+        "engine": "llama.cpp",
+        "engine_version": llamacpp.version(),
+        "threads": threads,
+        "device": "cpu",
+        "dtype": headers["target"]["metadata"].get("general.file_type", "gguf"),
+        "prompt_tokens": len(prompt_ids),
+        "pairing": pairing,
+        "memory": memory,
+        "forward": {"target": "llama.cpp", "draft": "llama.cpp"},
+        "timings": {"load_s": generate_start - load_start, "prefill_s": first - generate_start,
+                    "decode_s": end - first, "first_token_s": first - run_start},
+    }
