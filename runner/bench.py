@@ -15,6 +15,7 @@ import torch
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
 from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
+from runner.machine import machine_info
 from runner.speculative import _logits, _new_cache, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
 
@@ -305,4 +306,6 @@ def bench_unpacked(
         "dtype": dtype,
         "device": device,
         "threads": torch.get_num_threads(),
+        "engine": "torch",
+        "machine": machine_info(torch.get_num_threads()),
     }
