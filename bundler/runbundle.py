@@ -79,6 +79,22 @@ def run_bundle(
     return out
 
 
+@contextlib.contextmanager
+def loaded_bundle(
+    store: Store, ref: Ref, trusted: Mapping[str, Any], context: tuple[int, int], **options: Any
+) -> Iterator[tuple[Any, dict[str, Any], VerifyReport]]:
+    """Verify, extract and load the pair once (runner.run.load_pair: the same checks and refusals as run),
+    keeping the verified checkout alive until the block ends (a server's lifetime).
+
+    context: (prompt tokens, new tokens) the memory preflight sizes the caches for. Yields (pair, bundle
+    info {"ref", "digest", "signer"}, report); raises the first BundleError before any weights are loaded."""
+    from runner.run import load_pair  # torch is imported only when a bundle runs
+
+    with verified_checkout(store, ref, trusted) as (root, report, _timings):
+        pair = load_pair(root, context=context, **_runner_args(report), **options)
+        yield pair, _bundle_info(ref, report), report
+
+
 def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: list[str], **options: Any) -> dict[str, Any]:
     """Verify, extract, then benchmark the pair (runner.bench) on `prompts`."""
     from runner.bench import bench_unpacked

@@ -2,13 +2,19 @@
 
 Order: pickle-weights refusal, tokenizer gate, config agreement, pairing, then (with the prompt's
 length known) the memory preflight. Only when all pass are weights read. The caller (bundle run) verifies the bundle before calling `run_unpacked`.
+
+Two steps, so that a server loads once and generates many times: `load_pair` (every check, the memory
+preflight, then the weights; returns a `LoadedPair`) and `generate` (one prompt on a loaded pair).
+`run_unpacked` is the two in a row.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bundler.errors import BundleError
 from runner import compact_llama
@@ -138,6 +144,153 @@ def forward_path(model) -> str:
     return "compact" if isinstance(model, compact_llama.CompactLlama) else "transformers"
 
 
+@dataclass
+class LoadedPair:
+    """A checked, loaded pair, ready to generate: what `load_pair` returns and `generate` takes."""
+
+    tokenizer: Any
+    target: Any
+    draft: Any
+    params: Mapping
+    fingerprint: str
+    eos_ids: set[int]
+    vocab_size: int
+    device: str
+    dtype: str
+    draft_tokens: int
+    pairing: dict
+    memory: dict
+    context_tokens: int  # the tokens (prompt + new + look-ahead) the memory preflight sized the caches for
+    load_s: float = 0.0
+    engine: str = "torch"
+    extra: dict = field(default_factory=dict)
+
+    def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
+        """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
+        return _prompt_ids(self.tokenizer, prompt, raw)
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A chat (OpenAI-style messages) as ids, through the tokenizer's chat template; without one, the
+        contents joined by newlines."""
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, Mapping) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return _prompt_ids(self.tokenizer, "\n".join(m.get("content", "") for m in messages), raw=True)
+
+    def room(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """The tokens a generation needs in the caches (a verify pass may look past the end)."""
+        return prompt_tokens + max_new_tokens + 2 * self.draft_tokens + 1
+
+    def forward(self) -> dict[str, str]:
+        """Which forward each model runs through."""
+        return {"target": forward_path(self.target), "draft": forward_path(self.draft)}
+
+
+def load_pair(
+    root: Path,
+    roles: Mapping[str, str],
+    params: Mapping,
+    *,
+    context: tuple[int, int] | Callable[[Any], tuple[int, int]],
+    draft_tokens: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    memory_budget: int | None = None,
+    verified_files: Mapping[str, str] | None = None,
+) -> LoadedPair:
+    """Every check (see `preflight`), the memory preflight, then the weights; raises BundleError on the first failure.
+
+    context: (prompt tokens, new tokens) the caches must hold, or a function of the tokenizer giving them
+    (bundle run sizes memory for its own prompt). Other arguments as in `run_unpacked`.
+    """
+    from transformers import AutoTokenizer
+
+    device = _resolve_device(device)
+    dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
+    draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
+    checked = preflight(root, roles, params)
+    dirs = checked["dirs"]
+    tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
+    prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
+    max_tokens = prompt_tokens + max_new_tokens + 2 * draft_tokens + 1  # a verify pass may look past the end
+    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=prompt_tokens, draft_tokens=draft_tokens)
+    check_memory(memory, memory_budget, device)
+    load_start = time.perf_counter()
+    target = runtime_target(load_model(dirs["target"], dtype, device, role="target",
+                                       expected_sha256=_verified_digests(verified_files, roles["target"])))
+    draft = runtime_draft(load_model(dirs["draft"], dtype, device, role="draft",
+                                        expected_sha256=_verified_digests(verified_files, roles["draft"])), checked)
+    return LoadedPair(
+        tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
+        eos_ids=_eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
+        device=device, dtype=dtype, draft_tokens=draft_tokens, pairing=checked["pairing"],
+        memory={k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
+        context_tokens=max_tokens, load_s=time.perf_counter() - load_start,
+    )
+
+
+def generate(
+    pair: LoadedPair,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    on_text: Callable[[str], None] | None = None,
+    on_tokens: Callable[[list[int]], bool | None] | None = None,
+) -> dict:
+    """One generation on a loaded pair. on_text receives new text as it comes; on_tokens each batch of new
+    ids, and returning True from it stops the generation there (a client gone, a stop string seen).
+
+    Returns {"text", "tokens", "stats", "prompt_tokens", "timings": {"prefill_s", "decode_s"},
+    "first_token_at"} (first_token_at: a time.perf_counter() value, or None when nothing came).
+    """
+    from runner.speculative import generate_speculative
+
+    generate_start = time.perf_counter()
+    first_token: list[float] = []
+    text_stream = _TextStream(pair.tokenizer, on_text) if on_text else None
+
+    def stream(new: list[int]) -> bool:
+        if not first_token:
+            first_token.append(time.perf_counter())
+        if text_stream:
+            text_stream(new)
+        return bool(on_tokens(new)) if on_tokens else False
+
+    params = pair.params
+    result = generate_speculative(
+        pair.target,
+        pair.draft,
+        prompt_ids,
+        max_new_tokens,
+        draft_tokens=pair.draft_tokens,
+        adaptive=bool(params.get("adaptive", True)),
+        draft_confidence=float(params.get("draft_confidence", 0.0)),
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        eos_ids=pair.eos_ids,
+        min_acceptance=float(params.get("min_acceptance", 0.0)),
+        guard=bool(params.get("guard", True)),
+        vocab_size=pair.vocab_size,
+        on_tokens=stream,
+    )
+    end = time.perf_counter()
+    first = first_token[0] if first_token else None
+    return {
+        "text": pair.tokenizer.decode(result.tokens, skip_special_tokens=True),
+        "tokens": result.tokens,
+        "stats": result.stats.as_dict(),
+        "prompt_tokens": len(prompt_ids),
+        "timings": {"prefill_s": (first or end) - generate_start, "decode_s": end - (first or end)},
+        "first_token_at": first,
+    }
+
+
 def run_unpacked(
     root: Path,
     roles: Mapping[str, str],
@@ -156,7 +309,8 @@ def run_unpacked(
     verified_files: Mapping[str, str] | None = None,
     on_text: Callable[[str], None] | None = None,
 ) -> dict:
-    """Checks, loads and runs the pair unpacked at `root`; the `run --json` fields this part knows.
+    """Checks, loads and runs the pair unpacked at `root` (`load_pair` then `generate`); the `run --json`
+    fields this part knows.
 
     roles: role -> directory relative to root (target, draft, tokenizer). params: the Kitfile's
     model.parameters["speculative"] (draft_tokens, min_acceptance, min_size_ratio, allow_cross_family,
@@ -164,77 +318,38 @@ def run_unpacked(
     when given, weights and configs are hashed as they are loaded. Returns {"tokenizer": {"fingerprint"},
     "text", "tokens", "stats", "device", "dtype", "pairing", "memory"}.
     """
-    from transformers import AutoTokenizer
-
-    from runner.speculative import generate_speculative
-
     run_start = time.perf_counter()
-    device = _resolve_device(device)
-    dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
-    draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
     gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
     if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
         from runner.gguf_run import run_gguf
 
-        return run_gguf(gguf_dirs, params, prompt, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+        device = _resolve_device(device)
+        return run_gguf(gguf_dirs, params, prompt, max_new_tokens=max_new_tokens, draft_tokens=int(draft_tokens or params.get("draft_tokens", 5)),
                         temperature=temperature, top_p=top_p, seed=seed, raw=raw, memory_budget=memory_budget,
                         on_text=on_text, text_stream=_TextStream)
-    checked = preflight(root, roles, params)
-    dirs = checked["dirs"]
-    tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
-    prompt_ids = _prompt_ids(tokenizer, prompt, raw)
-    max_tokens = len(prompt_ids) + max_new_tokens + 2 * draft_tokens + 1  # a verify pass may look past the end
-    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=len(prompt_ids), draft_tokens=draft_tokens)
-    check_memory(memory, memory_budget, device)
-    load_start = time.perf_counter()
-    target = runtime_target(load_model(dirs["target"], dtype, device, role="target",
-                                       expected_sha256=_verified_digests(verified_files, roles["target"])))
-    draft = runtime_draft(load_model(dirs["draft"], dtype, device, role="draft",
-                                        expected_sha256=_verified_digests(verified_files, roles["draft"])), checked)
-    generate_start = time.perf_counter()
-    first_token: list[float] = []
-    text_stream = _TextStream(tokenizer, on_text) if on_text else None
-
-    def stream(new: list[int]) -> None:
-        if not first_token:
-            first_token.append(time.perf_counter())
-        if text_stream:
-            text_stream(new)
-    result = generate_speculative(
-        target,
-        draft,
-        prompt_ids,
-        max_new_tokens,
-        draft_tokens=draft_tokens,
-        adaptive=bool(params.get("adaptive", True)),
-        draft_confidence=float(params.get("draft_confidence", 0.0)),
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        eos_ids=_eos_ids(tokenizer, dirs["target"]),
-        min_acceptance=float(params.get("min_acceptance", 0.0)),
-        guard=bool(params.get("guard", True)),
-        vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
-        on_tokens=stream,
+    pair = load_pair(
+        root, roles, params, context=lambda tokenizer: (len(_prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
+        draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
     )
+    result = generate(pair, pair.prompt_ids(prompt, raw), max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_p=top_p, seed=seed, on_text=on_text)
     end = time.perf_counter()
     return {
-        "tokenizer": {"fingerprint": checked["fingerprint"]},
-        "text": tokenizer.decode(result.tokens, skip_special_tokens=True),
-        "tokens": result.tokens,
-        "stats": result.stats.as_dict(),
-        "engine": "torch",
-        "device": device,
-        "dtype": dtype,
-        "prompt_tokens": len(prompt_ids),
-        "pairing": checked["pairing"],
-        "memory": {k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
-        "forward": {"target": forward_path(target), "draft": forward_path(draft)},
+        "tokenizer": {"fingerprint": pair.fingerprint},
+        "text": result["text"],
+        "tokens": result["tokens"],
+        "stats": result["stats"],
+        "engine": pair.engine,
+        "device": pair.device,
+        "dtype": pair.dtype,
+        "prompt_tokens": result["prompt_tokens"],
+        "pairing": pair.pairing,
+        "memory": pair.memory,
+        "forward": pair.forward(),
         "timings": {
-            "load_s": generate_start - load_start,
-            "prefill_s": (first_token[0] if first_token else end) - generate_start,
-            "decode_s": end - (first_token[0] if first_token else end),
+            "load_s": pair.load_s,
+            **result["timings"],
             # from the start of run_unpacked; the caller adds verification and extraction before it
-            "first_token_s": (first_token[0] if first_token else end) - run_start,
+            "first_token_s": (result["first_token_at"] or end) - run_start,
         },
     }

@@ -122,7 +122,7 @@ def generate_plain(
     seed: int | None = None,
     eos_ids: Iterable[int] = (),
     vocab_size: int | None = None,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[list[int]], bool | None] | None = None,
 ) -> GenerationResult:
     """The target alone, one token per forward pass, with a KV cache: the reference speculation must match.
 
@@ -142,8 +142,8 @@ def generate_plain(
         stats.target_passes += 1
         new, done = _finish(tokens, last.tolist(), max_new_tokens, eos)
         tokens += new
-        if on_tokens:
-            on_tokens(new)
+        if on_tokens and on_tokens(new):  # the caller asks to stop here (a client gone, a stop string)
+            done = True
     stats.new_tokens, stats.elapsed_s = len(tokens), time.perf_counter() - start
     return GenerationResult(tokens, stats)
 
@@ -317,7 +317,7 @@ def generate_speculative(
     min_acceptance: float = 0.0,
     guard: bool = True,
     vocab_size: int | None = None,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[list[int]], bool | None] | None = None,
 ) -> GenerationResult:
     """Speculative decoding of `target` with `draft`; the output is distributed exactly as the target's.
 
@@ -326,7 +326,8 @@ def generate_speculative(
     warm-up, fall back to plain decoding when the predicted speed-up stays below 1 (or the per-token
     acceptance below `min_acceptance`), with trials of speculation now and then (see Guard); the first
     fallback is recorded in stats.fallback. vocab_size: compare the
-    models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens.
+    models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens;
+    returning True from it stops the generation after that batch.
     target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
     target, draft = as_engine(target), as_engine(draft)
@@ -382,8 +383,8 @@ def generate_speculative(
             pending = torch.cat([pending, last])  # the draft catches up when it drafts again
         new, done = _finish(tokens, new, max_new_tokens, eos)
         tokens += new
-        if on_tokens:
-            on_tokens(new)
+        if on_tokens and on_tokens(new):  # the caller asks to stop here (a client gone, a stop string)
+            done = True
         if kk and adaptive and budget == k:
             k = _adapt(k, kk, n, max_k)
         if kk and judge:

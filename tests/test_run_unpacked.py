@@ -94,3 +94,21 @@ def test_weights_swapped_after_verification_are_refused_while_loading(tmp_path):
         run_unpacked(tmp_path, ROLES, {}, "hello", max_new_tokens=4, verified_files=digests)
     assert caught.value.code == "digest-mismatch"
     assert "model.safetensors changed after verification" in caught.value.message
+
+
+def test_a_pair_loaded_once_generates_what_run_unpacked_does_each_time(bundle):
+    from runner.run import generate, load_pair
+
+    pair = load_pair(bundle["root"], ROLES, {}, context=(64, 12))
+    for prompt in ("hello there", "what is a draft?"):
+        once = generate(pair, pair.prompt_ids(prompt), max_new_tokens=12)
+        assert once["tokens"] == run_unpacked(bundle["root"], ROLES, {}, prompt, max_new_tokens=12)["tokens"]
+
+
+def test_on_tokens_returning_true_stops_the_generation_after_that_batch(bundle):
+    from runner.run import generate, load_pair
+
+    pair = load_pair(bundle["root"], ROLES, {"guard": False}, context=(64, 16))
+    batches = []
+    result = generate(pair, pair.prompt_ids("stop early"), max_new_tokens=16, on_tokens=lambda new: batches.append(new) or True)
+    assert len(batches) == 1 and result["tokens"] == batches[0]
