@@ -25,8 +25,8 @@ install: $(STAMP)
 
 # The tests start a real OCI registry (Debian's docker-registry) and read stores with skopeo.
 sysdeps:
-	@if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null || ! command -v tar >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry skopeo tar >/dev/null; \
+	@if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null || ! command -v tar >/dev/null || ! command -v chromium >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry skopeo tar chromium >/dev/null; \
 	fi
 
 test: $(STAMP) sysdeps

@@ -476,6 +476,43 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 
 @main.command()
 @click.argument("ref")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless you say otherwise).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key clients must send as `Authorization: Bearer <key>`.")
+@click.option("--max-queue", default=16, show_default=True, type=click.IntRange(1, 4096), help="Requests that may wait; more answer 429.")
+@click.option("--time-limit", default=300.0, show_default=True, type=click.FloatRange(0.1), help="Seconds a request may take (queue included).")
+@click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
+@click.option("--device", help="cpu or cuda (default: cuda when available).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
+@click.option("--memory-budget", type=click.IntRange(1), help="Bytes the pair may use (default: available memory).")
+@click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
+@command
+def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
+          time_limit: float, attest_key: str | None, **options: Any) -> None:
+    """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
+    from bundler.serve import serve_bundle
+
+    api_key = None
+    if api_key_file:
+        try:
+            api_key = Path(api_key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BundleError("usage", f"--api-key-file {api_key_file}: cannot read it ({type(exc).__name__})") from None
+        if not api_key:
+            raise BundleError("usage", f"--api-key-file {api_key_file} is empty")
+    if attest_key:  # the run-record hook of serve belongs to the run-records work (issue #19)
+        raise BundleError("usage", "--attest-key is not available for serve yet")
+
+    def ready(info: dict[str, Any]) -> None:
+        click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
+
+    serve_bundle(store, parse_ref(ref), _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
+                 time_limit_s=time_limit, on_ready=ready, **options)
+
+
+@main.command()
+@click.argument("ref")
 @click.argument("dst", required=False)
 @click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
 @command

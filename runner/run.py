@@ -288,6 +288,8 @@ def generate(
         "prompt_tokens": len(prompt_ids),
         "timings": {"prefill_s": (first or end) - generate_start, "decode_s": end - (first or end)},
         "first_token_at": first,
+        # per draft position: how often drafted, how often accepted (a server sums these across requests)
+        "positions": {"drafted": list(result.stats.drafted_at), "accepted": list(result.stats.accepted_at)},
     }
 
 

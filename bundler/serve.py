@@ -1,0 +1,539 @@
+"""`bundle serve`: one verified, loaded pair behind an OpenAI-compatible HTTP API (FastAPI on uvicorn), with
+Prometheus metrics (prometheus_client), a health state driven by the acceptance rate, and a status page.
+
+One decoding worker thread owns the models; requests wait in a bounded FIFO queue. The HTTP side is asyncio:
+the worker hands text back to the request's event loop with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import json
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+# The context a served pair is sized for (memory preflight) and the longest generation a request may ask.
+SERVE_MAX_NEW_TOKENS = 1024
+SERVE_PROMPT_TOKENS = 3072
+DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens
+HEALTH_WINDOW = 16  # requests in the recent-acceptance window of /health
+REQUEST_TIME_LIMIT_S = 300.0
+STATIC = Path(__file__).with_name("static")
+# specbundle_requests_total{status}: ok, stopped early by the client (cancelled), over the time limit (timeout),
+# refused by a full queue (rejected), a bad request (invalid), a failure while generating (error).
+STATUSES = ("ok", "cancelled", "timeout", "rejected", "invalid", "error")
+
+
+class ApiError(Exception):
+    """An OpenAI-style error answer: HTTP status, message, type, param, code."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Job:
+    """One request as the worker sees it."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: list[str]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    time_limit_s: float
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    def emit(self, kind: str, value: Any) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+class Metrics:
+    """The metrics of CONTRACT.md section 4 in their own registry (so a test process can hold several)."""
+
+    def __init__(self, info: Mapping[str, str]):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("specbundle_requests", "Requests answered, by outcome.", ["status"], registry=r)
+        for status in STATUSES:
+            self.requests.labels(status=status)
+        self.generated = Counter("specbundle_generated_tokens", "Tokens generated.", registry=r)
+        self.drafted = Counter("specbundle_draft_tokens", "Tokens the draft proposed.", registry=r)
+        self.accepted = Counter("specbundle_accepted_tokens", "Drafted tokens the target accepted.", registry=r)
+        self.acceptance = Gauge("specbundle_acceptance_rate", f"Accepted/drafted over the last {HEALTH_WINDOW} requests.", registry=r)
+        self.fallbacks = Counter("specbundle_fallbacks", "Requests in which the guard fell back to plain decoding.", registry=r)
+        self.queue_depth = Gauge("specbundle_queue_depth", "Requests waiting for the decoding worker.", registry=r)
+        self.ttft = Histogram("specbundle_time_to_first_token_seconds", "From enqueue to the first token.", registry=r,
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.duration = Histogram("specbundle_request_duration_seconds", "From enqueue to the last token.", registry=r,
+                                  buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.inter_token = Histogram("specbundle_inter_token_latency_seconds", "Time per token after the first.", registry=r,
+                                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
+        self.position = Gauge("specbundle_position_acceptance_rate", "Acceptance at each draft position, since start.",
+                              ["position"], registry=r)
+        self.info = Gauge("specbundle_bundle_info", "What runs: always 1.", list(info), registry=r)
+        self.info.labels(**info).set(1)
+
+
+class Engine:
+    """The loaded pair, the queue, the single decoding worker, the metrics and the health window."""
+
+    def __init__(self, pair: Any, bundle: Mapping[str, Any], checks: list[str], max_queue: int,
+                 time_limit_s: float = REQUEST_TIME_LIMIT_S, on_record: Callable[[dict, list[int], str], None] | None = None):
+        self.pair, self.bundle, self.checks = pair, dict(bundle), checks
+        self.time_limit_s, self.on_record = time_limit_s, on_record
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.info = {
+            "ref": str(bundle["ref"]), "digest": str(bundle["digest"]), "signer": str(bundle.get("signer") or ""),
+            "tokenizer_fingerprint": pair.fingerprint, "engine": getattr(pair, "engine", "torch"), "dtype": pair.dtype,
+        }
+        self.metrics = Metrics(self.info)
+        self.min_acceptance = float(pair.params.get("min_acceptance", 0.0) or 0.0)
+        self.window: collections.deque[tuple[int, int, bool]] = collections.deque(maxlen=HEALTH_WINDOW)
+        self.positions: list[list[int]] = [[], []]  # drafted, accepted per position, summed
+        self.busy = False
+        self.totals = {"tokens": 0, "seconds": 0.0}
+        self.recent_tps: collections.deque[float] = collections.deque(maxlen=HEALTH_WINDOW)
+        self.lock = threading.Lock()
+        self.loaded = True
+        self.worker = threading.Thread(target=self._work, name="specbundle-decoder", daemon=True)
+        self.worker.start()
+
+    # -- the worker ---------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            self.metrics.queue_depth.set(self.jobs.qsize())
+            if job is None:
+                return
+            if job.cancelled.is_set():  # its client went away while it waited
+                self.metrics.requests.labels(status="cancelled").inc()
+                continue
+            self.busy = True
+            try:
+                self._run(job)
+            except Exception as exc:  # noqa: BLE001 - reported to the client as a 500, the worker goes on
+                self.metrics.requests.labels(status="error").inc()
+                job.emit("error", ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error"))
+            finally:
+                self.busy = False
+
+    def _run(self, job: Job) -> None:
+        from runner.run import generate
+
+        tokenizer = self.pair.tokenizer
+        tokens: list[int] = []
+        state = {"shown": 0, "stopped": False, "last": None, "timed_out": False}
+        deadline = job.enqueued + job.time_limit_s
+        hold = max((len(s) for s in job.stop), default=1) - 1
+
+        def on_tokens(new: list[int]) -> bool:
+            now = time.perf_counter()
+            if state["last"] is None:
+                self.metrics.ttft.observe(now - job.enqueued)
+            elif new:
+                for _ in new:
+                    self.metrics.inter_token.observe((now - state["last"]) / len(new))
+            state["last"] = now
+            tokens.extend(new)
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                text, state["stopped"] = text[:cut], True
+            if not text.endswith("\ufffd"):  # an incomplete UTF-8 character waits for its rest
+                # A piece that may begin a stop string waits until it is known not to.
+                safe = len(text) if state["stopped"] else max(len(text) - hold, state["shown"])
+                if safe > state["shown"]:
+                    job.emit("text", text[state["shown"] : safe])
+                    state["shown"] = safe
+            if now > deadline:
+                state["timed_out"] = True
+            return state["stopped"] or state["timed_out"] or job.cancelled.is_set()
+
+        result = generate(self.pair, job.prompt_ids, max_new_tokens=job.max_tokens, temperature=job.temperature,
+                          top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
+        text = result["text"]
+        cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            text = text[:cut]
+        if len(text) > state["shown"] and not job.cancelled.is_set():
+            job.emit("text", text[state["shown"] :])
+        stats = result["stats"]
+        hit_eos = bool(result["tokens"]) and len(result["tokens"]) < job.max_tokens and not state["timed_out"] \
+            and not job.cancelled.is_set()
+        finish = "stop" if state["stopped"] or hit_eos else "length"
+        status = "cancelled" if job.cancelled.is_set() else "timeout" if state["timed_out"] else "ok"
+        self._account(result, status, job)
+        job.emit("done", {"text": text, "finish_reason": finish, "prompt_tokens": len(job.prompt_ids),
+                          "completion_tokens": len(result["tokens"]), "stats": stats})
+        if self.on_record is not None and status == "ok":
+            self.on_record(stats, job.prompt_ids, text)
+
+    def _account(self, result: dict, status: str, job: Job) -> None:
+        m, stats = self.metrics, result["stats"]
+        m.requests.labels(status=status).inc()
+        m.generated.inc(len(result["tokens"]))
+        m.drafted.inc(stats.get("drafted", 0))
+        m.accepted.inc(stats.get("accepted", 0))
+        m.duration.observe(time.perf_counter() - job.enqueued)
+        fell_back = bool(stats.get("fallback"))
+        if fell_back:
+            m.fallbacks.inc()
+        with self.lock:
+            self.window.append((int(stats.get("drafted", 0)), int(stats.get("accepted", 0)), fell_back))
+            rate = self.window_acceptance()
+            m.acceptance.set(rate if rate is not None else 0.0)
+            drafted, accepted = self.positions
+            for i, (d, a) in enumerate(zip(result["positions"]["drafted"], result["positions"]["accepted"])):
+                if i >= len(drafted):
+                    drafted.append(0), accepted.append(0)
+                drafted[i] += d
+                accepted[i] += a
+                m.position.labels(position=str(i + 1)).set(accepted[i] / drafted[i] if drafted[i] else 0.0)
+            if stats.get("tokens_per_second"):
+                self.recent_tps.append(float(stats["tokens_per_second"]))
+
+    # -- what the HTTP side asks --------------------------------------------------------------------
+    def window_acceptance(self) -> float | None:
+        drafted = sum(d for d, _, _ in self.window)
+        return sum(a for _, a, _ in self.window) / drafted if drafted else None
+
+    def health(self) -> dict[str, Any]:
+        """ok, or degraded with the reason (the output is still right, only slower)."""
+        with self.lock:
+            rate, window = self.window_acceptance(), list(self.window)
+        status, reason = "ok", None
+        fallbacks = sum(1 for *_, f in window if f)
+        if rate is not None and rate < self.min_acceptance:
+            status, reason = "degraded", f"acceptance {rate:.2f} over the last {len(window)} requests is below the bundle's min_acceptance {self.min_acceptance:.2f}"
+        elif window and fallbacks * 2 > len(window):
+            status, reason = "degraded", f"the guard fell back to plain decoding in {fallbacks} of the last {len(window)} requests"
+        return {"status": status, "reason": reason, "acceptance_rate": rate,
+                "bundle": {"ref": self.info["ref"], "digest": self.info["digest"]}}
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            self.metrics.requests.labels(status="rejected").inc()
+            raise ApiError(429, f"the queue is full ({self.jobs.maxsize} requests waiting); retry later",
+                           "rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from None
+        self.metrics.queue_depth.set(self.jobs.qsize())
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.jobs.put(None)
+        self.worker.join(timeout)
+
+    def live(self) -> dict[str, Any]:
+        """Figures for the status page."""
+        with self.lock:
+            rate = self.window_acceptance()
+            tps = sum(self.recent_tps) / len(self.recent_tps) if self.recent_tps else None
+        return {"acceptance_rate": rate, "tokens_per_second": tps, "queue_depth": self.jobs.qsize(), "busy": self.busy,
+                "health": self.health()["status"]}
+
+
+# -- request parsing ----------------------------------------------------------------------------------
+UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "tools": "tools", "tool_choice": "tools",
+               "functions": "tools", "function_call": "tools", "best_of": "best_of", "suffix": "suffix", "echo": "echo"}
+
+
+def _options(body: Mapping[str, Any], engine: Engine, prompt_ids: list[int], default_max: int) -> dict[str, Any]:
+    for key, what in UNSUPPORTED.items():
+        value = body.get(key)
+        if value not in (None, False, [], 0) and not (key == "best_of" and value == 1):
+            raise ApiError(400, f"{what} is not supported by this server", param=key, code="unsupported_parameter")
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise ApiError(400, "n > 1 is not supported: one choice per request", param="n", code="unsupported_parameter")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or default_max
+    temperature = 1.0 if body.get("temperature") is None else body["temperature"]
+    top_p = 1.0 if body.get("top_p") is None else body["top_p"]
+    seed, stop = body.get("seed"), body.get("stop") or []
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= SERVE_MAX_NEW_TOKENS:
+        raise ApiError(400, f"max_tokens must be an integer from 1 to {SERVE_MAX_NEW_TOKENS}", param="max_tokens")
+    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+        raise ApiError(400, "temperature must be a number from 0 to 2", param="temperature")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ApiError(400, "top_p must be a number in (0, 1]", param="top_p")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ApiError(400, "seed must be an integer", param="seed")
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "stop must be a string or a list of up to 4 non-empty strings", param="stop")
+    if len(prompt_ids) > SERVE_PROMPT_TOKENS:
+        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; this server takes at most {SERVE_PROMPT_TOKENS}",
+                       param="prompt", code="context_length_exceeded")
+    return {"max_tokens": max_tokens, "temperature": float(temperature), "top_p": float(top_p), "seed": seed, "stop": stop}
+
+
+def _completion_prompt(body: Mapping[str, Any], engine: Engine) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be one string (batches of prompts are not supported)", param="prompt")
+    return engine.pair.prompt_ids(prompt, raw=True)
+
+
+def _chat_prompt(body: Mapping[str, Any], engine: Engine) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    plain = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise ApiError(400, "only text content is supported", param="messages")
+            content = "".join(p.get("text", "") for p in content)
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(content, str):
+            raise ApiError(400, "each message needs a role (system, user, assistant) and text content", param="messages")
+        plain.append({"role": m["role"], "content": content})
+    return engine.pair.chat_ids(plain)
+
+
+# -- the app ------------------------------------------------------------------------------------------
+class Guard:
+    """Pure ASGI middleware: the X-Bundle-Digest header on every response, and the API key check (compared in
+    constant time, never logged). Pure ASGI rather than BaseHTTPMiddleware so streams and disconnects pass
+    through untouched."""
+
+    def __init__(self, app: Any, digest: str, api_key: str | None):
+        self.app, self.digest, self.api_key = app, digest.encode(), api_key
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_digest(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-bundle-digest", self.digest)]
+            await send(message)
+
+        # The status page itself holds no data (it fetches it with the key), so it loads without one.
+        if self.api_key is not None and scope["path"] not in ("/", "/favicon.ico") and not scope["path"].startswith("/static/"):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            expected = b"Bearer " + self.api_key.encode()
+            if not hmac.compare_digest(given, expected):
+                body = json.dumps(ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
+                                           "authentication_error", code="invalid_api_key").body()).encode()
+                await send_with_digest({"type": "http.response.start", "status": 401,
+                                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send_with_digest({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send_with_digest)
+
+
+def build_app(engine: Engine, api_key: str | None = None) -> Any:
+    """The FastAPI app over a running Engine."""
+    app = FastAPI(title="specbundle", docs_url=None, redoc_url=None, openapi_url=None)
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, err: ApiError) -> JSONResponse:
+        if err.status == 400:
+            engine.metrics.requests.labels(status="invalid").inc()
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, err: HTTPException) -> JSONResponse:
+        return JSONResponse(ApiError(err.status_code, str(err.detail), code=None).body(), status_code=err.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse(ApiError(400, f"invalid request: {err.errors()[:1]}").body(), status_code=400)
+
+    async def _body(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        return body
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not engine.loaded:
+            return JSONResponse({"status": "loading", "reason": "the pair is loading", "acceptance_rate": None,
+                                 "bundle": {"ref": engine.info["ref"], "digest": engine.info["digest"]}}, status_code=503)
+        return JSONResponse(engine.health())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        engine.metrics.queue_depth.set(engine.jobs.qsize())
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card() -> dict[str, Any]:
+        info = engine.info
+        return {"id": info["ref"], "object": "model", "created": created, "owned_by": info["signer"] or "specbundle",
+                "specbundle": {k: info[k] for k in ("digest", "signer", "tokenizer_fingerprint", "engine", "dtype")}}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != engine.info["ref"]:
+            raise ApiError(404, f"no model {model_id!r} here; this server runs {engine.info['ref']}", code="model_not_found")
+        return model_card()
+
+    @app.get("/status.json")
+    async def status() -> dict[str, Any]:
+        return {"model": model_card(), "checks": engine.checks, "live": engine.live(),
+                "pairing": engine.pair.pairing, "device": engine.pair.device}
+
+    @app.get("/")
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "status.html", media_type="text/html")
+
+    async def _generate(request: Request, body: dict[str, Any], prompt_ids: list[int], chat: bool) -> Response:
+        opts = _options(body, engine, prompt_ids, DEFAULT_MAX_TOKENS if chat else 16)
+        loop = asyncio.get_running_loop()
+        job = Job(prompt_ids, opts["max_tokens"], opts["temperature"], opts["top_p"], opts["seed"], opts["stop"], loop,
+                  asyncio.Queue(), engine.time_limit_s)
+        engine.submit(job)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        obj = "chat.completion" if chat else "text_completion"
+        model_id, now = engine.info["ref"], int(time.time())
+
+        def usage(done: dict) -> dict[str, int]:
+            return {"prompt_tokens": done["prompt_tokens"], "completion_tokens": done["completion_tokens"],
+                    "total_tokens": done["prompt_tokens"] + done["completion_tokens"]}
+
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            def chunk(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+                if chat:
+                    delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                else:
+                    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                return {"id": rid, "object": obj + ".chunk" if chat else obj, "created": now, "model": model_id, "choices": [choice]}
+
+            async def events() -> AsyncIterator[str]:
+                try:
+                    if chat:
+                        yield f"data: {json.dumps(chunk(None, None, first=True))}\n\n"
+                    while True:
+                        kind, value = await job.events.get()
+                        if kind == "text":
+                            yield f"data: {json.dumps(chunk(value, None))}\n\n"
+                        elif kind == "error":
+                            yield f"data: {json.dumps(value.body())}\n\n"
+                            break
+                        else:
+                            yield f"data: {json.dumps(chunk(None, value['finish_reason']))}\n\n"
+                            if include_usage:
+                                yield f"data: {json.dumps({**chunk(None, None), 'choices': [], 'usage': usage(value)})}\n\n"
+                            break
+                    yield "data: [DONE]\n\n"
+                finally:  # the client went away (the task is cancelled) or the stream ended: stop generating
+                    job.cancelled.set()
+
+            return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        try:
+            while True:
+                kind, value = await job.events.get()
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    break
+        finally:
+            job.cancelled.set()
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": value["text"]}, "logprobs": None,
+                      "finish_reason": value["finish_reason"]}
+        else:
+            choice = {"index": 0, "text": value["text"], "logprobs": None, "finish_reason": value["finish_reason"]}
+        return JSONResponse({"id": rid, "object": obj, "created": now, "model": model_id, "choices": [choice],
+                             "usage": usage(value), "specbundle": {"stats": value["stats"]}})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _body(request)
+        return await _generate(request, body, _completion_prompt(body, engine), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _body(request)
+        return await _generate(request, body, _chat_prompt(body, engine), chat=True)
+
+    return Guard(app, engine.info["digest"], api_key)
+
+
+def verify_checks(report: Any) -> list[str]:
+    """The verification checks that passed, by name, for the status page."""
+    checks = getattr(report, "checks", None)
+    if isinstance(checks, Mapping):
+        return [str(k) for k, v in checks.items() if v in (True, "ok", "passed")]
+    if isinstance(checks, list):
+        return [str(c.get("name", c)) if isinstance(c, Mapping) else str(c) for c in checks]
+    return ["signature", "manifest", "layers", "files"]
+
+
+def _server_class() -> type:
+    """uvicorn re-raises the signal that stopped it once it has shut down (so the process dies of SIGTERM);
+    `bundle serve` treats SIGTERM/SIGINT as the ordinary way to stop and exits 0, so the signal is dropped."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # graceful shutdown done by uvicorn; do not re-raise it afterwards
+
+    return Server
+
+
+def serve_bundle(
+    store: Any, ref: Any, trusted: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8000,
+    api_key: str | None = None, max_queue: int = 16, time_limit_s: float = REQUEST_TIME_LIMIT_S,
+    on_ready: Callable[[dict[str, Any]], None] | None = None, on_record: Callable[..., Any] | None = None,
+    **options: Any,
+) -> None:
+    """Verify, gate, pair, preflight and load exactly as `bundle run` does (raising the same BundleError before
+    the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first."""
+    import uvicorn
+
+    from bundler.runbundle import loaded_bundle
+
+    with loaded_bundle(store, ref, trusted, (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS), **options) as (pair, info, report):
+        engine = Engine(pair, info, verify_checks(report), max_queue, time_limit_s,
+                        on_record=on_record(report, pair) if on_record else None)
+        app = build_app(engine, api_key)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=int(min(time_limit_s, 60)), lifespan="off")
+        server = _server_class()(config)
+        if on_ready:
+            on_ready({**engine.info, "url": f"http://{host}:{port}"})
+        try:
+            server.run()  # handles SIGTERM/SIGINT: stops accepting, waits for open requests, returns
+        finally:
+            engine.stop()

@@ -1,0 +1,316 @@
+"""`bundle serve` as a real server process on 127.0.0.1 with a tiny signed pair: the OpenAI API (through the
+official `openai` client), metrics, health, the queue, cancellation, API keys, SIGTERM and the status page."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bundler.keys import key_id, load_public_key
+from bundler.modelkit import load_modelkit
+from bundler.refs import parse_ref
+from bundler.runbundle import run_bundle as run_in_process
+from bundler.store import Store
+from conftest import run_bundle
+from tests.tinymodels import make_pair
+
+REF = "tiny-spec:1.0.0"
+PROMPTS = ["hello there", "what is a draft?", "one two three", "the quick fox", "lossless decoding", "a b c d", "tokens", "why"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `bundle serve` subprocess; started once per fixture, stopped with SIGTERM."""
+
+    def __init__(self, store: Path, pub: Path, *extra: str, api_key: str | None = None):
+        self.port, self.store, self.api_key = _free_port(), store, api_key
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k not in ("BUNDLE_TRUSTED_KEYS", "BUNDLE_HOME")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bundler", "serve", REF, "--key", str(pub), "--store", str(store), "--port", str(self.port), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "PYTHONWARNINGS": "ignore"},
+        )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.proc.stderr.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2, headers=self.auth()).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError("serve did not come up")
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=120)
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        text = httpx.get(self.url + "/metrics", headers=self.auth()).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def _pack(base: Path, keypair: tuple[Path, Path], **pair_options) -> Path:
+    make_pair(base / "ctx", **pair_options)
+    store = base / "store"
+    run_bundle("pack", str(base / "ctx"), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]):
+    """The tiny random pair: its draft rarely agrees, and its Kitfile asks for acceptance >= 0.5."""
+    store = _pack(tmp_path_factory.mktemp("serve"), keypair, speculative={"draft_tokens": 3, "min_acceptance": 0.5})
+    srv = Server(store, keypair[1], "--max-queue", "2")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def agreeing(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]):
+    """A pair whose draft is the target itself (it always agrees), behind an API key."""
+    base = tmp_path_factory.mktemp("serve-agree")
+    paths = make_pair(base / "ctx", speculative={"draft_tokens": 3, "min_acceptance": 0.5, "min_size_ratio": 1, "guard": False})
+    shutil.rmtree(paths["draft"])
+    shutil.copytree(paths["target"], paths["draft"])
+    store = base / "store"
+    run_bundle("pack", str(base / "ctx"), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    (base / "api-key").write_text("s3cret-key\n")
+    srv = Server(store, keypair[1], "--api-key-file", str(base / "api-key"), api_key="s3cret-key")
+    yield srv
+    srv.stop()
+
+
+def _run(server: Server, keypair, prompt: str, max_new_tokens: int, raw: bool) -> str:
+    """What `bundle run` gives for the same bundle and prompt (greedy)."""
+    key = load_public_key(keypair[1])
+    result = run_in_process(Store(server.store), parse_ref(REF), {key_id(key): key}, prompt, max_new_tokens=max_new_tokens, raw=raw)
+    return result["text"]
+
+
+def test_models_names_the_bundle_that_runs(server: Server, keypair) -> None:
+    models = server.client().models.list().data
+    digest = load_modelkit(Store(server.store), parse_ref(REF)).digest
+    assert [m.id for m in models] == [REF]
+    extra = models[0].model_extra["specbundle"]
+    assert extra["digest"] == digest and extra["signer"] == key_id(load_public_key(keypair[1]))
+    assert extra["tokenizer_fingerprint"].startswith("sha256:") and (extra["engine"], extra["dtype"]) == ("torch", "float32")
+
+
+def test_greedy_completion_chat_and_stream_equal_bundle_run(server: Server, keypair) -> None:
+    client = server.client()
+    completion = client.completions.create(model=REF, prompt="hello there", max_tokens=10, temperature=0)
+    assert completion.choices[0].text == _run(server, keypair, "hello there", 10, raw=True)
+    assert completion.usage.completion_tokens <= 10 and completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    expected_chat = _run(server, keypair, "what is a draft?", 10, raw=False)
+    chat = client.chat.completions.create(model=REF, messages=[{"role": "user", "content": "what is a draft?"}], max_tokens=10, temperature=0)
+    assert chat.choices[0].message.content == expected_chat
+    stream = client.chat.completions.create(model=REF, messages=[{"role": "user", "content": "what is a draft?"}], max_tokens=10,
+                                            temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected_chat
+
+
+def test_stop_strings_cut_the_text_and_seeded_sampling_repeats(server: Server) -> None:
+    client = server.client()
+    full = client.completions.create(model=REF, prompt="one two three", max_tokens=10, temperature=0).choices[0].text
+    assert len(full) >= 4
+    stop = full[2:4]
+    cut = client.completions.create(model=REF, prompt="one two three", max_tokens=10, temperature=0, stop=[stop]).choices[0]
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+    seeded = [client.completions.create(model=REF, prompt="tokens", max_tokens=8, temperature=1.0, seed=7).choices[0].text for _ in range(2)]
+    assert seeded[0] == seeded[1]
+
+
+def test_stream_ends_with_done(server: Server) -> None:
+    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "why", "max_tokens": 4, "temperature": 0, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("field", [{"n": 2}, {"logprobs": 2}, {"tools": [{"type": "function", "function": {"name": "f"}}]}])
+def test_unsupported_fields_answer_400_with_an_openai_error_body_and_the_digest(server: Server, field: dict) -> None:
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **field})
+    assert r.status_code == 400
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert r.headers["x-bundle-digest"] == load_modelkit(Store(server.store), parse_ref(REF)).digest
+
+
+def test_metrics_parse_and_add_up_to_the_requests_made(server: Server) -> None:
+    before = server.metrics()
+    client = server.client()
+    usages = [client.completions.create(model=REF, prompt=p, max_tokens=5, temperature=0).usage for p in PROMPTS[:3]]
+    after = server.metrics()
+    delta = lambda name, **labels: after.get((name, tuple(sorted(labels.items()))), 0) - before.get((name, tuple(sorted(labels.items()))), 0)  # noqa: E731
+    assert delta("specbundle_requests_total", status="ok") == 3
+    assert delta("specbundle_generated_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert delta("specbundle_request_duration_seconds_count") == 3 and delta("specbundle_time_to_first_token_seconds_count") == 3
+    assert 0 <= delta("specbundle_accepted_tokens_total") <= delta("specbundle_draft_tokens_total")
+    info = [k for k in after if k[0] == "specbundle_bundle_info"]
+    assert len(info) == 1 and dict(info[0][1])["ref"] == REF and after[info[0]] == 1
+    assert any(k[0] == "specbundle_position_acceptance_rate" for k in after)
+    assert ("specbundle_queue_depth", ()) in after and ("specbundle_acceptance_rate", ()) in after
+
+
+def test_health_is_degraded_while_the_draft_does_not_agree(server: Server) -> None:
+    server.client().completions.create(model=REF, prompt="hello there", max_tokens=8, temperature=0)
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "degraded" and health["reason"]
+    assert health["bundle"]["ref"] == REF and health["acceptance_rate"] < 0.5
+
+
+def test_concurrent_clients_get_what_sequential_requests_get(server: Server) -> None:
+    client = server.client()
+    ask = lambda p: client.completions.create(model=REF, prompt=p, max_tokens=4, temperature=0).choices[0].text  # noqa: E731
+    expected = {p: ask(p) for p in PROMPTS}
+    # 8 clients x 5 requests; --max-queue 2 here, so a 429 is retried (after Retry-After) as a client would.
+    def client_loop(prompt: str) -> list[str]:
+        out = []
+        while len(out) < 5:
+            try:
+                out.append(ask(prompt))
+            except openai.RateLimitError as err:
+                time.sleep(float(err.response.headers["retry-after"]) / 10)
+        return out
+    with ThreadPoolExecutor(8) as pool:
+        results = dict(zip(PROMPTS, pool.map(client_loop, PROMPTS)))
+    assert all(results[p] == [expected[p]] * 5 for p in PROMPTS)
+
+
+class _Holder:
+    """A long streamed request that holds the worker until closed (client, response and line iterator kept
+    alive together: dropping any of them would close the stream)."""
+
+    def __init__(self, server: Server, max_tokens: int = 1000):
+        self.client = httpx.Client(timeout=60)
+        request = self.client.build_request("POST", server.url + "/v1/completions",
+                                            json={"prompt": "hello", "max_tokens": max_tokens, "temperature": 0, "stream": True})
+        self.response = self.client.send(request, stream=True)
+        self.lines = self.response.iter_lines()
+        while not next(self.lines).startswith("data: {"):  # returns once the first token has come
+            pass
+
+    def close(self) -> None:
+        self.response.close()
+        self.client.close()
+
+
+def test_a_full_queue_answers_429_with_retry_after(server: Server) -> None:
+    holder = _Holder(server)
+    try:
+        with ThreadPoolExecutor(2) as pool:  # fill the queue (2 places) with requests that wait
+            waiting = [pool.submit(httpx.post, server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=120) for _ in range(2)]
+            deadline = time.monotonic() + 30
+            while httpx.get(server.url + "/status.json").json()["live"]["queue_depth"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["type"] == "rate_limit_error" and r.headers["x-bundle-digest"].startswith("sha256:")
+            holder.close()
+            assert all(w.result().status_code == 200 for w in waiting)
+    finally:
+        holder.close()
+
+
+def test_a_client_closed_mid_stream_frees_the_worker(server: Server) -> None:
+    before = server.metrics()
+    holder = _Holder(server)
+    holder.close()
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "why", "max_tokens": 2, "temperature": 0}, timeout=120)
+    assert r.status_code == 200
+    after = server.metrics()
+    assert after[("specbundle_requests_total", (("status", "cancelled"),))] == before[("specbundle_requests_total", (("status", "cancelled"),))] + 1
+    # the closed request stopped long before its 1000 tokens
+    assert after[("specbundle_generated_tokens_total", ())] - before[("specbundle_generated_tokens_total", ())] < 200
+
+
+def test_status_page_shows_the_digest_in_headless_chromium(server: Server, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (make sysdeps)")
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--window-size=900,700"]
+    dom = subprocess.run([*flags, "--dump-dom", server.url + "/"], capture_output=True, text=True, timeout=120).stdout
+    digest = load_modelkit(Store(server.store), parse_ref(REF)).digest
+    assert f'<code id="digest">{digest}</code>' in dom
+    shot = tmp_path / "status.png"
+    subprocess.run([*flags, f"--screenshot={shot}", server.url + "/"], capture_output=True, timeout=120)
+    assert _distinct_pixel_bytes(shot.read_bytes()) > 16  # a blank page decodes to a handful of byte values
+
+
+def _distinct_pixel_bytes(png: bytes) -> int:
+    """Distinct byte values in a PNG's decompressed image data (no imaging library here)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, data = 8, b""
+    while pos < len(png):
+        length = int.from_bytes(png[pos : pos + 4], "big")
+        kind = png[pos + 4 : pos + 8]
+        if kind == b"IDAT":
+            data += png[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+    return len(set(zlib.decompress(data)))
+
+
+def test_a_wrong_or_missing_api_key_is_401(agreeing: Server) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"}):
+        r = httpx.get(agreeing.url + "/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert r.headers["x-bundle-digest"].startswith("sha256:")
+    assert httpx.get(agreeing.url + "/v1/models", headers=agreeing.auth()).status_code == 200
+
+
+def test_health_is_ok_with_a_draft_that_agrees(agreeing: Server) -> None:
+    agreeing.client().completions.create(model=REF, prompt="hello there", max_tokens=8, temperature=0)
+    health = httpx.get(agreeing.url + "/health", headers=agreeing.auth()).json()
+    assert health["status"] == "ok" and health["reason"] is None and health["acceptance_rate"] >= 0.5
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(agreeing: Server) -> None:
+    result: dict = {}
+
+    def ask() -> None:
+        result["r"] = httpx.post(agreeing.url + "/v1/completions", headers=agreeing.auth(), timeout=120,
+                                 json={"prompt": "hello", "max_tokens": 48, "temperature": 0, "stop": None})
+    thread = threading.Thread(target=ask)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not httpx.get(agreeing.url + "/status.json", headers=agreeing.auth()).json()["live"]["busy"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert agreeing.stop() == 0
+    thread.join(60)
+    assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] > 0
+    assert "s3cret" not in agreeing.proc.stderr.read()  # the API key is never logged
