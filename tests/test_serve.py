@@ -60,6 +60,7 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
+        self.proc.kill()
         raise AssertionError("serve did not come up")
 
     def auth(self) -> dict[str, str]:
