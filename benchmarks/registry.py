@@ -62,26 +62,26 @@ def main() -> None:
         _bundle("keygen", "-o", str(tmp / "keys"), env=env)
         tree = _big_tree(tmp / "ctx", args.size_mib)
         store = tmp / "store"
-        local = "bench/model:v1"
+        local = "bench/bench-spec:v1"
         _bundle("pack", str(tree), "-t", local, "--store", str(store), "--key", str(tmp / "keys" / "bundle.key"), env=env)
         layout_bytes = sum(p.stat().st_size for p in (store / "blobs" / "sha256").iterdir())
         results: dict[str, list[float]] = {"bundle_push": [], "skopeo_push": [], "bundle_pull": [], "skopeo_pull": []}
         for rnd in range(args.rounds):
             with running_registry() as reg_a, running_registry() as reg_b:
-                ours = f"{reg_a.host}/bench/model:v1"
+                ours = f"{reg_a.host}/bench/bench-spec:v1"
                 # the store tags a bundle by its full reference: tag the same manifest for this registry
                 index = json.loads((store / "index.json").read_text())
                 entry = next(m for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == local)
                 index["manifests"].append({**entry, "annotations": {"org.opencontainers.image.ref.name": ours}})
                 (store / "index.json").write_text(json.dumps(index))
                 results["skopeo_push"].append(_timed(lambda: subprocess.run(
-                    ["skopeo", "copy", "-q", "--dest-tls-verify=false", f"oci:{store}:{local}", f"docker://{reg_b.host}/bench/model:v1"], check=True)))
+                    ["skopeo", "copy", "-q", "--dest-tls-verify=false", f"oci:{store}:{local}", f"docker://{reg_b.host}/bench/bench-spec:v1"], check=True)))
                 results["bundle_push"].append(_timed(lambda: _bundle("push", ours, "--plain-http", "--store", str(store), env=env)))
                 pulled = tmp / f"pulled-{rnd}"
                 results["bundle_pull"].append(_timed(lambda: _bundle(
                     "pull", ours, "--plain-http", "--key", str(tmp / "keys" / "bundle.pub"), "--store", str(pulled), env=env)))
                 results["skopeo_pull"].append(_timed(lambda: subprocess.run(
-                    ["skopeo", "copy", "-q", "--src-tls-verify=false", f"docker://{reg_b.host}/bench/model:v1", f"oci:{tmp / f'skopeo-{rnd}'}:v1"], check=True)))
+                    ["skopeo", "copy", "-q", "--src-tls-verify=false", f"docker://{reg_b.host}/bench/bench-spec:v1", f"oci:{tmp / f'skopeo-{rnd}'}:v1"], check=True)))
                 index["manifests"] = [m for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") != ours]
                 (store / "index.json").write_text(json.dumps(index))
                 for d in (pulled, tmp / f"skopeo-{rnd}"):

@@ -174,6 +174,8 @@ def sign(store: Store, ref: str, key_path: str, valid_days: float) -> None:
 
 def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--allow-unsigned", is_flag=True, help="Check integrity only; the origin is NOT verified.")(fn)
+    fn = click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store (this command only).")(fn)
+    fn = click.option("--allow-ref-mismatch", is_flag=True, help="Accept a reference whose repository name or version tag differs from what was signed.")(fn)
     return click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also every *.pub in $BUNDLE_TRUSTED_KEYS.")(fn)
 
 
@@ -182,11 +184,11 @@ def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_trust_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @command
-def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, as_json: bool) -> None:
+def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool) -> None:
     """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
     from bundler.verify import verify_bundle
 
-    report = verify_bundle(store, parse_ref(ref), _trusted(key_paths), allow_unsigned=allow_unsigned)
+    report = verify_bundle(store, parse_ref(ref), _trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
     if as_json:
         _emit(report.as_json())
     else:
@@ -344,14 +346,14 @@ def logout(store: Store, host: str) -> None:
 @click.option("--signature", "signature_out", type=click.Path(dir_okay=False), help="Also write the verified signature (Sigstore bundle JSON) here, outside DIR, for `model_signing verify`.")
 @_trust_options
 @command
-def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_paths: tuple[str, ...], allow_unsigned: bool) -> None:
+def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool) -> None:
     """Verify, then extract the bundle into DIR; never writes outside it."""
     from bundler.unpack import unpack as do_unpack
 
     if signature_out and Path(signature_out).resolve().is_relative_to(Path(dest).resolve()):
         raise BundleError("usage", f"--signature {signature_out} is inside {dest}: model_signing would count it as a file of the bundle")
     for tick in _progress():
-        result = do_unpack(store, parse_ref(ref), Path(dest), _trusted(key_paths), allow_unsigned, progress=tick)
+        result = do_unpack(store, parse_ref(ref), Path(dest), _trusted(key_paths), allow_unsigned, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
     who = f"signed by {result.report.signer}" if result.report.signer else "UNSIGNED (integrity only)"
     click.echo(f"unpacked {result.files} files to {result.dest} ({who})")
     if signature_out and result.report.signature_json:
@@ -533,13 +535,13 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @_trust_options
 @click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
 @command
-def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, plain_http: bool) -> None:
+def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
     from bundler.registry import pull as do_pull
 
     trusted = _trusted(key_paths)
     for tick in _progress():
-        result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick)
+        result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
     records = f"; {len(result.records)} run record(s) (check them with `bundle attestations`)" if result.records else ""
     click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}{records}")

@@ -94,6 +94,19 @@ def _registry_message(resp: requests.Response) -> str:
     return ""
 
 
+def _loopback(host: str) -> bool:
+    """Whether HOST[:PORT] names this machine (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 class Client:
     """One repository on one registry: requests with auth challenges answered (Basic or Bearer) and errors as codes.
 
@@ -107,6 +120,9 @@ class Client:
             raise BundleError("usage", f"{ref} names no registry: use HOST[:PORT]/NAME:TAG (for example 127.0.0.1:5000/org/model:v1)")
         self.ref = ref
         self.host = ref.registry
+        if plain_http and not _loopback(self.host):
+            # Over plain HTTP anyone on the path reads the credentials and swaps the bytes: loopback only.
+            raise BundleError("usage", f"--plain-http is only for a registry on loopback (localhost, 127.0.0.0/8, ::1), not {self.host}")
         self.plain_http = plain_http
         self.scheme = "http" if plain_http else "https"
         self.base = f"{self.scheme}://{self.host}/v2/{ref.repository}"
@@ -126,6 +142,15 @@ class Client:
     def url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else self.base + path
 
+    def is_registry(self, url: str) -> bool:
+        """Whether `url` is on the registry host the user named (same scheme, host and port).
+
+        Credentials go only there: an upload Location or a redirect may name any host, and that host
+        must never see them (nor choose a token service to send them to).
+        """
+        parts = urllib.parse.urlsplit(url)
+        return parts.scheme == self.scheme and parts.netloc.lower() == self.host.lower()
+
     def request(
         self,
         method: str,
@@ -142,7 +167,7 @@ class Client:
         url = self.url(path)
         for attempt in range(3):
             hdrs = dict(headers or {})
-            if self._auth:
+            if self._auth and self.is_registry(url):
                 hdrs["Authorization"] = self._auth
             try:
                 resp = self._session().request(
@@ -153,7 +178,9 @@ class Client:
                 raise BundleError("registry-unreachable", f"TLS to {self.host} failed ({_reason(exc)}); for a plain-HTTP registry on loopback pass --plain-http") from None
             except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
                 raise BundleError("registry-unreachable", f"cannot reach registry {self.host} ({_reason(exc)}) during {what}") from None
-            if resp.status_code == 401 and attempt < 2 and self._answer(resp, hdrs.get("Authorization"), what):
+            # A challenge is answered only when the registry itself sent it, never a redirect target
+            # (requests drops Authorization on a cross-host redirect; its 401 must not win it back).
+            if resp.status_code == 401 and attempt < 2 and self.is_registry(resp.url) and self._answer(resp, hdrs.get("Authorization"), what):
                 resp.close()
                 continue
             break
@@ -652,6 +679,8 @@ def pull(
     allow_unsigned: bool = False,
     plain_http: bool = False,
     progress: Progress | None = None,
+    allow_rollback: bool = False,
+    allow_ref_mismatch: bool = False,
 ) -> PullResult:
     """Download `ref` with its signatures, verify it apart from the store, then add it and tag it `ref`."""
     client = _client(ref, plain_http)
@@ -709,7 +738,7 @@ def pull(
         for sig_desc, _ in sig_manifests:
             tmp.add_untagged(sig_desc, SIG_TYPE)
         tmp.write_state(ROLLBACK_STATE, store.state(ROLLBACK_STATE))  # rollback is judged against this store's memory
-        report = verify_bundle(tmp, ref, trusted, allow_unsigned=allow_unsigned, record=True)
+        report = verify_bundle(tmp, ref, trusted, allow_unsigned=allow_unsigned, record=True, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
         if report.error is not None:
             downloader.discard()  # bad content or a bad signature: nothing of it is worth keeping for a retry
             raise report.error

@@ -88,7 +88,29 @@ def sign_modelkit(
         desc = Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
         staging.commit()
         store.add_untagged(desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
+        for old in _own_expired(store, mk.digest, private_key.public_key()):
+            if old != desc.digest:  # the new one stays even if it is already expired (--valid-days <= 0)
+                store.remove_manifest(old)
     return SignResult(mk.digest, keys.key_id(private_key.public_key()), desc.digest)
+
+
+def _own_expired(store: Store, subject_digest: str, public_key: Any) -> list[str]:
+    """Digests of this bundle's signatures made by this very key that have expired: a renewal replaces them.
+
+    Only signatures that verify with the signing key count as its own (a hint alone proves nothing).
+    """
+    now = dt.datetime.now(dt.timezone.utc)
+    kid = keys.key_id(public_key)
+    out = []
+    for desc, payload in find_signatures(store, subject_digest):
+        try:
+            claims = signature.verify(payload, {kid: public_key})
+            expires = claims.bundle.get("expires")
+            if isinstance(expires, str) and signature.parse_time(expires) <= now:
+                out.append(desc.digest)
+        except BundleError:
+            continue
+    return out
 
 
 def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
+from bundler import boundedjson
 from bundler.errors import BundleError
 from bundler.manifest import OCI_MANIFEST, Descriptor, parse_descriptor
 from bundler.refs import Ref
 
 REF_NAME = "org.opencontainers.image.ref.name"
 PRIVATE = ".specbundle"  # our own state beside the layout: temp files, lock, rollback memory
-MAX_JSON_BLOB = 4 << 20
+MAX_JSON_BLOB = boundedjson.MAX_JSON_BYTES
+MAX_INDEX = 64 << 20  # index.json lists every tag and signature: larger than one manifest, still bounded
 
 
 def default_root(option: str | None) -> Path:
@@ -168,25 +170,24 @@ class Store:
         digest = desc.digest if isinstance(desc, Descriptor) else desc["digest"]
         size = desc.size if isinstance(desc, Descriptor) else desc["size"]
         path = self.blob_path(digest)
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise BundleError("missing-file", f"blob {digest} is missing from the store")
-        data = path.open("rb").read(MAX_JSON_BLOB + 1)
+        if not isinstance(size, int) or size > MAX_JSON_BLOB:
+            raise BundleError("invalid-bundle", f"blob {digest}: a JSON blob of {size} bytes is larger than the {MAX_JSON_BLOB} allowed")
+        try:
+            data = boundedjson.read_regular(path, size, f"blob {digest}", "digest-mismatch")
+        except BundleError:
+            raise BundleError("digest-mismatch", f"blob {digest}: content does not match its digest and size (or is not a regular file)") from None
         if len(data) != size or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
             raise BundleError("digest-mismatch", f"blob {digest}: content does not match its digest and size")
-        try:
-            return data, json.loads(data)
-        except (ValueError, RecursionError):  # RecursionError: a nesting bomb
-            raise BundleError("invalid-bundle", f"blob {digest} is not JSON (or nested too deep)") from None
+        return data, boundedjson.loads(data, f"blob {digest}")
 
     # index ----------------------------------------------------------------------------------
     def index(self) -> dict[str, Any]:
         path = self.root / "index.json"
-        if not path.exists():
+        if not os.path.lexists(path):
             return {"schemaVersion": 2, "manifests": []}
-        try:
-            index = json.loads(path.read_bytes())
-        except (ValueError, RecursionError):  # RecursionError: a nesting bomb
-            raise BundleError("invalid-bundle", f"{path} is not valid JSON (or nested too deep)") from None
+        index = boundedjson.read_json(path, "store index", max_bytes=MAX_INDEX)
         # Checked once here so every reader below can index its entries without tripping on hostile JSON.
         if not isinstance(index, dict) or not isinstance(index.get("manifests", []), list):
             raise BundleError("invalid-bundle", f"{path} is not an OCI image index")
@@ -254,7 +255,15 @@ class Store:
     # private state ---------------------------------------------------------------------------
     def state(self, name: str) -> dict[str, Any]:
         path = self.root / PRIVATE / f"{name}.json"
-        return json.loads(path.read_bytes()) if path.exists() else {}
+        if not os.path.lexists(path):
+            return {}
+        try:
+            value = boundedjson.read_json(path, f"store state {name}", max_bytes=MAX_INDEX)
+        except BundleError as err:
+            raise BundleError("integrity", f"{err.message}: the store's memory is damaged; remove {path} to reset it (this forgets the versions seen, so rollback protection starts over)") from None
+        if not isinstance(value, dict):
+            raise BundleError("integrity", f"{path} is not a JSON object: the store's memory is damaged; remove it to reset (this forgets the versions seen, so rollback protection starts over)")
+        return value
 
     def write_state(self, name: str, value: dict[str, Any]) -> None:
         self.private_dir("")

@@ -83,10 +83,10 @@ def make_writable(root: Path) -> None:
             os.chmod(os.path.join(dirpath, name), 0o755)
 
 
-def unpack(store: Store, ref: Ref, dest: Path, trusted: Mapping[str, Any], allow_unsigned: bool = False, progress: Callable[[str, int], None] | None = None) -> UnpackResult:
+def unpack(store: Store, ref: Ref, dest: Path, trusted: Mapping[str, Any], allow_unsigned: bool = False, progress: Callable[[str, int], None] | None = None, allow_rollback: bool = False, allow_ref_mismatch: bool = False) -> UnpackResult:
     """Verify a bundle, then extract it into `dest`; nothing is written when verification fails."""
     _check_dest(dest)
-    report = verify_bundle(store, ref, trusted, allow_unsigned=allow_unsigned)
+    report = verify_bundle(store, ref, trusted, allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
     report.raise_for_error()
     count = extract_verified(store, report, dest, progress=progress)
     return UnpackResult(dest, report, count)

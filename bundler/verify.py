@@ -52,6 +52,7 @@ class VerifyReport:
     signature_json: bytes | None = None  # the Sigstore bundle that verified
     tokenizer_hashes: dict[str, str] = field(default_factory=dict)
     unsigned: bool = False
+    skipped_signatures: list[dict[str, Any]] = field(default_factory=list)  # candidates that did not pass, and why
 
     @property
     def ok(self) -> bool:
@@ -69,6 +70,7 @@ class VerifyReport:
             "signer": {"key_id": self.signer} if self.signer else None,
             "unsigned": self.unsigned,
             "checks": [c.as_dict() for c in self.checks],
+            "skipped_signatures": self.skipped_signatures,
             "error": {"code": self.error.code, "message": self.error.message} if self.error else None,
         }
 
@@ -84,6 +86,8 @@ def verify_bundle(
     allow_unsigned: bool = False,
     now: dt.datetime | None = None,
     record: bool = True,
+    allow_rollback: bool = False,
+    allow_ref_mismatch: bool = False,
 ) -> VerifyReport:
     """Run every check on a bundle in the store; the report holds the first failure, if any."""
     report = VerifyReport(ref=str(ref))
@@ -111,15 +115,10 @@ def verify_bundle(
             report.unsigned = True
             report.checks.append(Check("signature", True, "skipped (--allow-unsigned): integrity checked, origin NOT verified"))
             return report
-        claims, report.signature_json = check("signature", lambda: _signature(store, mk, trusted))
+        claims, report.signature_json = _select_signature(store, mk, report, trusted, now or dt.datetime.now(dt.timezone.utc))
         report.claims, report.signer = claims, claims.key_id
-        # Name and version first, then the file names, then the digests: so a signature taken from another
-        # bundle says so, and an added, removed or renamed file is named rather than shown as "another manifest".
-        check("signed-name", lambda: _signed_name(mk, claims))
-        check("files", lambda: _files(report.files, claims))
-        check("subject", lambda: _subject(mk, claims))
-        check("expiry", lambda: _expiry(claims, now or dt.datetime.now(dt.timezone.utc)))
-        check("rollback", lambda: _rollback(store, mk, claims, record))
+        check("reference", lambda: _reference(ref, mk, allow_ref_mismatch))
+        check("rollback", lambda: _rollback(store, mk, claims, record, allow_rollback))
     except _Failed:
         pass
     return report
@@ -188,21 +187,73 @@ def _tokenizer_files(mk: ModelKit, hashes: Mapping[str, str]) -> tuple[None, str
     return None, f"{len(reference)} tokenizer files; {compared} copies in model roles identical"
 
 
-def _signature(store: Store, mk: ModelKit, trusted: Mapping[str, Any]) -> tuple[tuple[signature.SignedClaims, bytes], str]:
+# Candidate signatures looked at per bundle: anyone able to attach referrers in a registry can attach
+# thousands, and each costs a verification; the owner's own are among the first few in practice.
+MAX_SIGNATURES = 16
+
+# How far a failing candidate got, so the error shown is the one a user can act on: a trusted, valid
+# signature over something else says more than a malformed one or one by an unknown key.
+_STAGES = ("signature", "signed-name", "files", "subject", "expiry")
+
+
+def _candidate_checks(mk: ModelKit, files: Mapping[str, int], payload: bytes, trusted: Mapping[str, Any], now: dt.datetime) -> tuple[signature.SignedClaims | None, list[Check], BundleError | None]:
+    """Every per-signature check on one candidate, in order; stops at the first failure."""
+    checks: list[Check] = []
+    claims: signature.SignedClaims | None = None
+    steps = [
+        ("signature", lambda: _signature_valid(payload, trusted)),
+        ("signed-name", lambda: _signed_name(mk, claims)),
+        ("files", lambda: _files(files, claims)),
+        ("subject", lambda: _subject(mk, claims)),
+        ("expiry", lambda: _expiry(claims, now)),
+    ]
+    for name, fn in steps:
+        try:
+            result, detail = fn()
+        except BundleError as err:
+            checks.append(Check(name, False, err.message))
+            return claims, checks, err
+        if name == "signature":
+            claims = result
+        checks.append(Check(name, True, detail))
+    return claims, checks, None
+
+
+def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted: Mapping[str, Any], now: dt.datetime) -> tuple[signature.SignedClaims, bytes]:
+    """The first attached signature that passes every per-signature check; the others go to skipped_signatures.
+
+    A bundle verifies when ANY trusted signature holds (a renewal, a second signer), so a foreign, broken or
+    expired signature attached beside a good one cannot make it fail. When none holds, the failure of the
+    candidate that got furthest is the error.
+    """
     found = find_signatures(store, mk.digest)
     if not found:
-        raise BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
-    first_error: BundleError | None = None
-    for _, payload in found:
-        try:
-            claims = signature.verify(payload, trusted)
-            return (claims, payload), f"ECDSA P-256 signature by trusted key {claims.key_id[:16]}…"
-        except BundleError as err:
-            # Prefer telling "untrusted" over "invalid": it is the one a user can act on.
-            if first_error is None or (err.code == "untrusted-signer" and first_error.code != "untrusted-signer"):
-                first_error = err
-    assert first_error is not None
-    raise first_error
+        err = BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
+        report.checks.append(Check("signature", False, err.message))
+        report.error = err
+        raise _Failed from err
+    best: tuple[int, list[Check], BundleError] | None = None
+    for desc, payload in found[:MAX_SIGNATURES]:
+        claims, checks, err = _candidate_checks(mk, report.files, payload, trusted, now)
+        if err is None and claims is not None:
+            report.checks.extend(checks)
+            return claims, payload
+        assert err is not None
+        report.skipped_signatures.append({"digest": desc.digest, "key_id": claims.key_id if claims else None, "check": checks[-1].name, "error": {"code": err.code, "message": err.message}})
+        rank = _STAGES.index(checks[-1].name) * 2 + (err.code != "signature-invalid")
+        if best is None or rank > best[0]:
+            best = (rank, checks, err)
+    if len(found) > MAX_SIGNATURES:
+        report.skipped_signatures.append({"digest": None, "key_id": None, "check": "signature", "error": {"code": "signature-invalid", "message": f"{len(found) - MAX_SIGNATURES} more signatures not considered (at most {MAX_SIGNATURES})"}})
+    assert best is not None
+    report.checks.extend(best[1])
+    report.error = best[2]
+    raise _Failed from best[2]
+
+
+def _signature_valid(payload: bytes, trusted: Mapping[str, Any]) -> tuple[signature.SignedClaims, str]:
+    claims = signature.verify(payload, trusted)
+    return claims, f"ECDSA P-256 signature by trusted key {claims.key_id[:16]}…"
 
 
 def _signed_name(mk: ModelKit, claims: signature.SignedClaims) -> tuple[None, str]:
@@ -234,6 +285,32 @@ def _files(files: Mapping[str, int], claims: signature.SignedClaims) -> tuple[No
     return None, f"{len(files)} files, exactly the signed list"
 
 
+_VERSION_TAG = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
+
+
+def _reference(ref: Ref, mk: ModelKit, allow: bool) -> tuple[None, str]:
+    """What the user asked for is what was signed: a version tag equals the signed version and the
+    repository's last path component equals the signed name (else a re-pointed tag is a silent downgrade
+    or a substitution). A digest reference names the content itself and is always fine."""
+    if ref.digest:
+        return None, f"digest reference {ref.digest[:19]}…"
+    name, version = mk.kitfile.name, mk.kitfile.version
+    repo_name = ref.repository.rsplit("/", 1)[-1]
+    tag = ref.tag or ""
+    problems = []
+    if repo_name != name:
+        problems.append(f"repository {repo_name!r} is not the signed name {name!r}")
+    # `+` is not allowed in OCI tags; `_` stands for it by convention.
+    tag_version = tag.removeprefix("v").split("_", 1)[0]  # `_` stands for SemVer's `+` in OCI tags
+    if _VERSION_TAG.match(tag_version) and tag_version != version.split("+", 1)[0]:
+        problems.append(f"tag {tag!r} is a version but the signed version is {version!r}")
+    if problems and not allow:
+        raise BundleError("signature-mismatch", f"{ref}: {'; '.join(problems)} (pass --allow-ref-mismatch to accept it for this command)")
+    if problems:
+        return None, f"{'; '.join(problems)}: allowed by --allow-ref-mismatch"
+    return None, f"{ref} names {name} {version}"
+
+
 def _expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str]:
     expires = claims.bundle.get("expires")
     if not expires:
@@ -244,29 +321,58 @@ def _expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str
 
 
 def version_key(version: str) -> tuple:
-    """Order semantic versions: numbers numerically, a pre-release before its release."""
-    core, _, pre = re.split(r"\+", version)[0].partition("-")
+    """SemVer 2.0 precedence as a sort key: build metadata ignored, a pre-release before its release,
+    pre-release identifiers compared one by one, numeric ones numerically and below alphanumeric ones,
+    a shorter list of equal identifiers first (1.0.0-rc.9 < 1.0.0-rc.10 < 1.0.0)."""
+    core, _, pre = version.split("+", 1)[0].partition("-")
     nums = tuple(int(x) if x.isdigit() else 0 for x in core.split("."))
-    return nums + ((1,) if not pre else (0, pre))
+    nums = (nums + (0, 0, 0))[:3] if len(nums) <= 3 else nums
+    if not pre:
+        return (nums, (1,))
+    ids = tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in pre.split("."))
+    return (nums, (0, ids))
 
 
-def _rollback(store: Store, mk: ModelKit, claims: signature.SignedClaims, record: bool) -> tuple[None, str]:
-    """The store remembers, per bundle name and signer, the highest version seen and each version's digest."""
-    key = f"{mk.kitfile.name}|{claims.key_id}"
-    state = store.state(ROLLBACK_STATE)
-    seen = state.get(key, {"highest": None, "digests": {}})
-    version = mk.kitfile.version
+def _memory(state: dict[str, Any], name: str) -> dict[str, Any]:
+    """This name's rollback memory: one entry per bundle name, whichever trusted key signed.
+
+    Earlier stores kept one entry per name and signer (`name|key id`): those are folded in, so a key
+    rotation cannot bring back a release older than one already seen under the other key.
+    """
+    seen: dict[str, Any] = {"highest": None, "digests": {}}
+    for key, entry in state.items():
+        if key != name and key.split("|", 1)[0] != name:
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("digests", {}), dict) or not isinstance(entry.get("highest"), (str, type(None))):
+            raise BundleError("integrity", f"the store's rollback memory for {name!r} is damaged; remove .specbundle/{ROLLBACK_STATE}.json in the store to reset it (this forgets the versions seen)")
+        for version, digest in entry.get("digests", {}).items():
+            seen["digests"].setdefault(version, digest)
+        highest = entry.get("highest")
+        if highest and (not seen["highest"] or version_key(highest) > version_key(seen["highest"])):
+            seen["highest"] = highest
+    return seen
+
+
+def _rollback(store: Store, mk: ModelKit, claims: signature.SignedClaims, record: bool, allow_rollback: bool = False) -> tuple[None, str]:
+    """The store remembers, per bundle name (across all trusted keys), the highest version seen and each version's digest."""
+    name, version = mk.kitfile.name, mk.kitfile.version
+    seen = _memory(store.state(ROLLBACK_STATE), name)
     known = seen["digests"].get(version)
     if known and known != mk.digest:
-        raise BundleError("rollback", f"{mk.kitfile.name} {version} was signed before with other content ({known[:19]}…): refusing a replaced release")
-    if seen["highest"] and version_key(version) < version_key(seen["highest"]):
-        raise BundleError("rollback", f"{mk.kitfile.name} {version} is older than {seen['highest']}, already verified from this signer")
+        raise BundleError("rollback", f"{name} {version} was signed before with other content ({str(known)[:19]}…): refusing a replaced release")
+    older = bool(seen["highest"]) and version_key(version) < version_key(seen["highest"])
+    if older and not allow_rollback:
+        raise BundleError("rollback", f"{name} {version} is older than {seen['highest']}, already verified in this store (pass --allow-rollback to accept an older release for this command)")
     if record and not known:
-        seen["digests"][version] = mk.digest
-        if not seen["highest"] or version_key(version) > version_key(seen["highest"]):
-            seen["highest"] = version
         with store.lock():
             state = store.state(ROLLBACK_STATE)
-            state[key] = seen
+            seen = _memory(state, name)
+            seen["digests"][version] = mk.digest
+            if not seen["highest"] or version_key(version) > version_key(seen["highest"]):
+                seen["highest"] = version
+            state = {k: v for k, v in state.items() if k.split("|", 1)[0] != name}
+            state[name] = seen
             store.write_state(ROLLBACK_STATE, state)
-    return None, f"{version} is the newest seen from this signer"
+    if older:
+        return None, f"{version} is older than {seen['highest']}: allowed by --allow-rollback"
+    return None, f"{version} is the newest seen for {name}"

@@ -191,6 +191,19 @@ class StoreEditor:
                 m.update(digest=self.put(data), size=len(data))
         self.write_index(index)
 
+    def retag(self, src: str, dst: str) -> None:
+        """Point the tag `dst` at the manifest `src` names (a re-pointed tag, as a registry or store owner can)."""
+        index = self.index()
+        entry = {**self.entry(src), "annotations": {REF_NAME: dst}}
+        index["manifests"] = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_NAME) != dst] + [entry]
+        self.write_index(index)
+
+    def move_to_front(self, digests: set[str]) -> None:
+        """Reorder index.json so these manifests come first (signatures are looked at in index order)."""
+        index = self.index()
+        index["manifests"].sort(key=lambda m: m["digest"] not in digests)
+        self.write_index(index)
+
     def copy_signature(self, entry: dict[str, Any], new_subject: str) -> None:
         """Add a copy of a signature artifact, pointed at another manifest."""
         artifact = json.loads(self.read(entry["digest"]))

@@ -18,10 +18,10 @@ from tests.tinymodels import layer_skip_draft, make_pair, tiny_llama
 def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
     make_pair(tmp_path / "ctx")
     store = str(tmp_path / "store")
-    run_bundle("pack", str(tmp_path / "ctx"), "-t", "tiny:1", "--key", str(keypair[0]), "--store", store, check=True)
+    run_bundle("pack", str(tmp_path / "ctx"), "-t", "tiny-spec:1", "--key", str(keypair[0]), "--store", store, check=True)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "hello world"}\n{"prompt": "a second prompt"}\n')
-    result = run_bundle("bench", "tiny:1", "--prompts", str(prompts), "--max-new-tokens", "10", "--repeat", "3", "--key", str(keypair[1]), "--store", store, "--json", check=True)
+    result = run_bundle("bench", "tiny-spec:1", "--prompts", str(prompts), "--max-new-tokens", "10", "--repeat", "3", "--key", str(keypair[1]), "--store", store, "--json", check=True)
     out = json.loads(result.out)
     assert_matches_schema(out, "bench-report")
     for run in ("target_only", "runner_plain", "hf_assisted", "bundle", "hf_assisted_default", "hf_assisted_k", "target_only_float32",
@@ -45,7 +45,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Pa
 def test_bench_refuses_a_prompts_file_that_is_not_json_lines(tmp_path: Path) -> None:
     bad = tmp_path / "p.jsonl"
     bad.write_text("not json\n")
-    result = run_bundle("bench", "tiny:1", "--prompts", str(bad), "--store", str(tmp_path / "s"))
+    result = run_bundle("bench", "tiny-spec:1", "--prompts", str(bad), "--store", str(tmp_path / "s"))
     assert result.code == 2 and result.err.startswith("error: [usage] ")
 
 

@@ -570,3 +570,143 @@ def test_verify_json_on_a_failure_names_the_error(attack: Attack) -> None:
     assert report["error"]["code"] == "signature-missing" and report["error"]["message"]
     assert report["checks"][-1] == {"name": "signature", "ok": False, "detail": report["error"]["message"]}
     assert result.err.strip().splitlines() == [f"error: [signature-missing] {report['error']['message']}"]
+
+
+# ---------------------------------------------------------------- which signature counts
+
+
+def _both_keys(attack: Attack) -> list[str]:
+    return ["--key", str(attack.base.pub), "--key", str(attack.base.other_pub)]
+
+
+def test_foreign_signature_placed_first_does_not_block_a_good_one(attack: Attack) -> None:
+    before = {m["digest"] for m in attack.edit.signatures()}
+    attack.edit.sign_with_key(REF, attack.base.other_key)  # an untrusted key, attached by anyone with registry access
+    foreign = {m["digest"] for m in attack.edit.signatures()} - before
+    attack.edit.move_to_front(foreign)
+    result = attack.verify("--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["ok"] and report["signer"]["key_id"] == key_id(load_public_key(attack.base.pub))
+    [skipped] = report["skipped_signatures"]
+    assert skipped["digest"] in foreign and skipped["error"]["code"] == "untrusted-signer"
+
+
+def test_expired_signature_renewed_by_signing_again_verifies(attack: Attack) -> None:
+    fresh = attack.tmp / "fresh-store"
+    run_bundle("pack", str(attack.base.contexts[REF]), "-t", REF, "--key", str(attack.base.key), "--valid-days", "-1", "--store", str(fresh), check=True)
+    attack.store, attack.edit = fresh, StoreEditor(fresh)
+    assert attack.verify().code == INTEGRITY
+    renewed = attack.bundle("sign", REF, "--key", str(attack.base.key))
+    assert renewed.code == 0, renewed.err
+    assert attack.verify().code == 0
+    assert len(attack.edit.signatures()) == 1, "sign keeps its own key's expired signatures"
+
+
+def test_expired_signature_beside_a_valid_one_is_skipped_and_listed(attack: Attack) -> None:
+    attack.edit.sign_with_key(REF, attack.base.key, valid_days=-1)
+    attack.edit.move_to_front({m["digest"] for m in attack.edit.signatures(attack.edit.manifest_digest(REF))[-1:]})
+    report = json.loads(attack.verify("--json").out)
+    assert report["ok"] and [s["error"]["code"] for s in report["skipped_signatures"]] == ["expired"]
+
+
+def test_at_most_16_signatures_are_considered(attack: Attack) -> None:
+    mine = attack.edit.manifest_digest(REF)
+    good = {m["digest"] for m in attack.edit.signatures(mine)}
+    for _ in range(16):
+        attack.edit.sign_with_key(REF, attack.base.other_key)
+    attack.edit.move_to_front({m["digest"] for m in attack.edit.signatures(mine)} - good)
+    attack.refused("untrusted-signer", INTEGRITY)
+    report = json.loads(attack.verify("--json").out)
+    assert len(report["skipped_signatures"]) == 17 and "not considered" in report["skipped_signatures"][-1]["error"]["message"]
+
+
+# ---------------------------------------------------------------- rollback memory
+
+
+def test_rollback_memory_holds_across_a_key_rotation(attack: Attack) -> None:
+    attack.edit.drop_signatures(attack.edit.manifest_digest(NEWER))
+    attack.edit.sign_with_key(NEWER, attack.base.other_key)  # the new key signs 1.1.0; the old key signed 1.0.0
+    assert attack.bundle("verify", NEWER, *_both_keys(attack)).code == 0
+    before = tree_digest(attack.store)
+    result = attack.bundle("verify", REF, *_both_keys(attack))
+    assert result.code == INTEGRITY and result.err.startswith("error: [rollback] "), result.err
+    assert tree_digest(attack.store) == before
+
+
+def test_allow_rollback_accepts_an_older_release_for_that_command_only(attack: Attack) -> None:
+    assert attack.verify(ref=NEWER).code == 0
+    refused = attack.verify()
+    assert refused.code == INTEGRITY and "--allow-rollback" in refused.err
+    assert attack.verify("--allow-rollback").code == 0
+    assert attack.verify().code == INTEGRITY, "the newest version seen is still 1.1.0"
+
+
+@pytest.mark.parametrize(
+    "older, newer",
+    [("1.0.0-rc.9", "1.0.0-rc.10"), ("1.0.0-alpha", "1.0.0-alpha.1"), ("1.0.0-alpha.1", "1.0.0-alpha.beta"), ("1.0.0-alpha.beta", "1.0.0-beta"),
+     ("1.0.0-beta.2", "1.0.0-beta.11"), ("1.0.0-rc.1", "1.0.0"), ("1.9.0", "1.10.0"), ("1.0.0", "2.0.0+build.1")],
+)
+def test_versions_follow_semver_precedence(older: str, newer: str) -> None:
+    from bundler.verify import version_key
+
+    assert version_key(older) < version_key(newer)
+
+
+def test_prerelease_rc10_after_rc9_is_an_upgrade_and_back_is_a_rollback(attack: Attack, tmp_path: Path) -> None:
+    for version in ("1.0.0-rc.9", "1.0.0-rc.10"):
+        ctx = _context(tmp_path / version, "tiny-spec", version, 3)
+        run_bundle("pack", str(ctx), "-t", f"tiny-spec:{version}", "--key", str(attack.base.key), "--store", str(attack.store), check=True)
+    assert attack.verify(ref="tiny-spec:1.0.0-rc.9").code == 0
+    assert attack.verify(ref="tiny-spec:1.0.0-rc.10").code == 0
+    attack.refused("rollback", INTEGRITY, ref="tiny-spec:1.0.0-rc.9")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "not-an-object", "directory", "fifo"])
+def test_damaged_rollback_memory_is_a_clear_error_saying_how_to_reset(attack: Attack, damage: str) -> None:
+    import os
+
+    assert attack.verify().code == 0
+    path = attack.store / ".specbundle" / "versions.json"
+    path.unlink()
+    if damage == "garbage":
+        path.write_bytes(b"{\x00not json")
+    elif damage == "not-an-object":
+        path.write_text("[1, 2]")
+    elif damage == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+    result = attack.verify()
+    assert result.code == INTEGRITY and result.err.startswith("error: [integrity] ") and "remove" in result.err and "versions.json" in result.err, result.err
+    if damage != "directory":
+        path.unlink()
+    else:
+        path.rmdir()
+    assert attack.verify().code == 0, "removing the file resets the memory"
+
+
+# ---------------------------------------------------------------- the reference is bound to the signature
+
+
+def test_version_tag_repointed_at_an_older_signed_release_is_refused(attack: Attack) -> None:
+    attack.edit.retag(REF, "tiny-spec:1.1.0")  # the tag says 1.1.0, the signed content is 1.0.0
+    attack.refused("signature-mismatch", INTEGRITY, ref="tiny-spec:1.1.0", unpack=True)
+    result = attack.verify(ref="tiny-spec:1.1.0")
+    assert "--allow-ref-mismatch" in result.err
+
+
+def test_tag_of_another_name_on_a_signed_bundle_is_refused(attack: Attack) -> None:
+    attack.edit.retag(REF, "prod-model:9.9.9")
+    attack.refused("signature-mismatch", INTEGRITY, ref="prod-model:9.9.9")
+
+
+def test_ref_mismatch_is_accepted_with_the_explicit_flag(attack: Attack) -> None:
+    attack.edit.retag(REF, "prod-model:9.9.9")
+    assert attack.verify("--allow-ref-mismatch", ref="prod-model:9.9.9").code == 0
+
+
+def test_digest_reference_and_non_version_tag_are_fine(attack: Attack) -> None:
+    attack.edit.retag(REF, "tiny-spec:latest")
+    assert attack.verify(ref="tiny-spec:latest").code == 0
+    assert attack.verify(ref=f"tiny-spec@{attack.edit.manifest_digest(REF)}").code == 0

@@ -51,7 +51,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_round_trip_gives_the_same_digest_files_and_signature(registry: Registry, tree: Path, tmp_path: Path, keypair, env) -> None:
-    ref = f"{registry.host}/org/tiny:v1"
+    ref = f"{registry.host}/tiny/tiny-spec:v1"
     digest = _pack(tree, tmp_path / "s1", ref, keypair[0])
     pushed = run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s1"), env=env, check=True)
     assert pushed.out.strip().splitlines()[-1] == digest
@@ -67,17 +67,17 @@ def test_round_trip_gives_the_same_digest_files_and_signature(registry: Registry
 
 
 def test_second_push_uploads_no_blob(registry: Registry, tree: Path, tmp_path: Path, keypair, env) -> None:
-    ref = f"{registry.host}/org/twice:v1"
+    ref = f"{registry.host}/twice/tiny-spec:v1"
     _pack(tree, tmp_path / "s", ref, keypair[0])
     run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s"), env=env, check=True)
-    uploads = registry.requests_seen("POST", "/org/twice/blobs/uploads"), registry.requests_seen("PATCH", "/org/twice/blobs/uploads")
+    uploads = registry.requests_seen("POST", "/twice/tiny-spec/blobs/uploads"), registry.requests_seen("PATCH", "/twice/tiny-spec/blobs/uploads")
     again = run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s"), env=env, check=True)
     assert "0 blobs uploaded (0 bytes)" in again.out
-    assert (registry.requests_seen("POST", "/org/twice/blobs/uploads"), registry.requests_seen("PATCH", "/org/twice/blobs/uploads")) == uploads
+    assert (registry.requests_seen("POST", "/twice/tiny-spec/blobs/uploads"), registry.requests_seen("PATCH", "/twice/tiny-spec/blobs/uploads")) == uploads
 
 
 def test_registry_serves_our_manifest_byte_for_byte(registry: Registry, tree: Path, tmp_path: Path, keypair, env) -> None:
-    ref = f"{registry.host}/org/bytes:v1"
+    ref = f"{registry.host}/bytes/tiny-spec:v1"
     digest = _pack(tree, tmp_path / "s", ref, keypair[0])
     run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s"), env=env, check=True)
     raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"], capture_output=True, check=True).stdout
@@ -85,11 +85,11 @@ def test_registry_serves_our_manifest_byte_for_byte(registry: Registry, tree: Pa
 
 
 def test_signature_travels_in_the_referrers_tag_fallback(registry: Registry, tree: Path, tmp_path: Path, keypair, env) -> None:
-    ref = f"{registry.host}/org/sig:v1"
+    ref = f"{registry.host}/sig/tiny-spec:v1"
     digest = _pack(tree, tmp_path / "s", ref, keypair[0])
     [sig] = Store(tmp_path / "s").untagged(SIG_TYPE)
     run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s"), env=env, check=True)
-    base = f"http://{registry.host}/v2/org/sig"
+    base = f"http://{registry.host}/v2/sig/tiny-spec"
     assert requests.get(f"{base}/referrers/{digest}").status_code == 404  # docker-registry 2.8 has no referrers API
     index = requests.get(f"{base}/manifests/sha256-{digest[7:]}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}).json()
     assert [(m["digest"], m["artifactType"]) for m in index["manifests"]] == [(sig.digest, SIG_TYPE)]
@@ -98,7 +98,7 @@ def test_signature_travels_in_the_referrers_tag_fallback(registry: Registry, tre
 
 
 def test_corrupted_blob_in_registry_is_caught_and_nothing_is_stored(registry: Registry, tmp_path: Path, keypair, env) -> None:
-    ref = f"{registry.host}/org/corrupt:v1"
+    ref = f"{registry.host}/corrupt/tiny-spec:v1"
     tree = make_tree(tmp_path / "ctx", seed=41)  # blobs no other test shares: this one damages them
     digest = _pack(tree, tmp_path / "s1", ref, keypair[0])
     run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s1"), env=env, check=True)
@@ -117,7 +117,7 @@ def test_corrupted_blob_in_registry_is_caught_and_nothing_is_stored(registry: Re
 
 def test_interrupted_pull_resumes_and_verifies(registry: Registry, tmp_path: Path, keypair, monkeypatch) -> None:
     monkeypatch.delenv("BUNDLE_REGISTRY_USER", raising=False)
-    ref = parse_ref(f"{registry.host}/org/resume:v1")
+    ref = parse_ref(f"{registry.host}/resume/big-spec:v1")
     digest = _pack(_big_tree(tmp_path / "ctx", 3), tmp_path / "s1", str(ref), keypair[0])
     transport.push(Store(tmp_path / "s1"), ref, plain_http=True)
     total = sum(p.stat().st_size for p in (tmp_path / "s1" / "blobs" / "sha256").iterdir()) - (tmp_path / "s1" / "blobs" / "sha256" / digest[7:]).stat().st_size
@@ -142,14 +142,14 @@ def test_interrupted_pull_resumes_and_verifies(registry: Registry, tmp_path: Pat
     # the second run fetched only what the first did not finish: the big layer from 2 MiB on (a Range request)
     # (manifest bytes are not blobs here, so `total` counts config, layers and signature blobs)
     assert 0 < result.bytes_downloaded <= total - (2 << 20)
-    assert registry.requests_seen("GET", "/org/resume/blobs/") and "http.response.status=206" in registry.log.read_text()
+    assert registry.requests_seen("GET", "/resume/big-spec/blobs/") and "http.response.status=206" in registry.log.read_text()
     assert [e.ref for e in store.entries()] == [str(ref)]
 
 
 def test_large_blobs_go_up_in_chunks_and_a_broken_upload_resumes(registry: Registry, tmp_path: Path, keypair, monkeypatch) -> None:
     monkeypatch.delenv("BUNDLE_REGISTRY_USER", raising=False)
     monkeypatch.setattr(transport, "CHUNK", 1 << 20)
-    ref = parse_ref(f"{registry.host}/org/chunks:v1")
+    ref = parse_ref(f"{registry.host}/chunks/big-spec:v1")
     _pack(_big_tree(tmp_path / "ctx", 5), tmp_path / "s1", str(ref), keypair[0])
     sent: dict[str, int] = {}
 
@@ -164,7 +164,7 @@ def test_large_blobs_go_up_in_chunks_and_a_broken_upload_resumes(registry: Regis
     store = Store(tmp_path / "s1")
     with pytest.raises(Broken):
         transport.push(store, ref, plain_http=True, progress=break_in_chunk_three)
-    patches = registry.requests_seen("PATCH", "/org/chunks/blobs/uploads")
+    patches = registry.requests_seen("PATCH", "/chunks/big-spec/blobs/uploads")
     assert patches >= 2
     result = transport.push(store, ref, plain_http=True)
     layer_total = sum(layer["size"] for layer in store.read_json_blob(store.resolve(ref))[1]["layers"])
@@ -176,7 +176,7 @@ def test_large_blobs_go_up_in_chunks_and_a_broken_upload_resumes(registry: Regis
 
 
 def test_auth_registry_takes_env_credentials_and_never_prints_the_password(auth_registry: Registry, tree: Path, tmp_path: Path, keypair, env) -> None:
-    ref = f"{auth_registry.host}/org/env:v1"
+    ref = f"{auth_registry.host}/env/tiny-spec:v1"
     digest = _pack(tree, tmp_path / "s1", ref, keypair[0])
     creds = env | {"BUNDLE_REGISTRY_USER": auth_registry.user, "BUNDLE_REGISTRY_PASSWORD": auth_registry.password}
     pushed = run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s1"), env=creds, check=True)
@@ -186,7 +186,7 @@ def test_auth_registry_takes_env_credentials_and_never_prints_the_password(auth_
 
 
 def test_auth_registry_takes_docker_config_json(auth_registry: Registry, tree: Path, tmp_path: Path, keypair, env) -> None:
-    ref = f"{auth_registry.host}/org/dockercfg:v1"
+    ref = f"{auth_registry.host}/dockercfg/tiny-spec:v1"
     digest = _pack(tree, tmp_path / "s1", ref, keypair[0])
     docker = tmp_path / "docker"
     docker.mkdir()
@@ -199,28 +199,28 @@ def test_auth_registry_takes_docker_config_json(auth_registry: Registry, tree: P
 
 
 def test_auth_registry_without_credentials_is_registry_auth_exit_5(auth_registry: Registry, tmp_path: Path, env) -> None:
-    result = run_bundle("pull", f"{auth_registry.host}/org/env:v1", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=env)
+    result = run_bundle("pull", f"{auth_registry.host}/env/tiny-spec:v1", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=env)
     assert result.code == 5 and result.err.startswith("error: [registry-auth]") and len(result.err.strip().splitlines()) == 1
 
 
 def test_wrong_password_is_registry_auth_and_not_printed(auth_registry: Registry, tmp_path: Path, env) -> None:
     bad = env | {"BUNDLE_REGISTRY_USER": auth_registry.user, "BUNDLE_REGISTRY_PASSWORD": "not-the-Password-42"}
-    result = run_bundle("pull", f"{auth_registry.host}/org/env:v1", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=bad)
+    result = run_bundle("pull", f"{auth_registry.host}/env/tiny-spec:v1", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=bad)
     assert result.code == 5 and "[registry-auth]" in result.err and "not-the-Password-42" not in result.err + result.out
 
 
 def test_unreachable_registry_is_exit_5(tmp_path: Path, env) -> None:
-    result = run_bundle("pull", f"127.0.0.1:{free_port()}/org/x:v1", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=env)
+    result = run_bundle("pull", f"127.0.0.1:{free_port()}/x/tiny-spec:v1", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=env)
     assert result.code == 5 and result.err.startswith("error: [registry-unreachable]")
 
 
 def test_unknown_tag_is_registry_not_found_exit_5(registry: Registry, tmp_path: Path, env) -> None:
-    result = run_bundle("pull", f"{registry.host}/org/tiny:no-such-tag", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=env)
+    result = run_bundle("pull", f"{registry.host}/tiny/tiny-spec:no-such-tag", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=env)
     assert result.code == 5 and result.err.startswith("error: [registry-not-found]")
 
 
 def test_unsigned_bundle_pulled_with_a_key_is_refused_and_the_store_unchanged(registry: Registry, tree: Path, tmp_path: Path, keypair, env) -> None:
-    signed, unsigned = f"{registry.host}/org/signed:v1", f"{registry.host}/org/unsigned:v1"
+    signed, unsigned = f"{registry.host}/signed/tiny-spec:v1", f"{registry.host}/unsigned/other-spec:v1"
     _pack(tree, tmp_path / "s1", signed, keypair[0])
     _pack(make_tree(tmp_path / "ctx2", name="other-spec", seed=9), tmp_path / "s1", unsigned, None)
     for ref in (signed, unsigned):
@@ -234,7 +234,7 @@ def test_unsigned_bundle_pulled_with_a_key_is_refused_and_the_store_unchanged(re
 
 
 def test_bundle_signed_by_an_untrusted_key_is_refused(registry: Registry, tree: Path, tmp_path: Path, keypair, other_keypair, env) -> None:
-    ref = f"{registry.host}/org/untrusted:v1"
+    ref = f"{registry.host}/untrusted/tiny-spec:v1"
     _pack(tree, tmp_path / "s1", ref, keypair[0])
     run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s1"), env=env, check=True)
     result = run_bundle("pull", ref, "--plain-http", "--key", str(other_keypair[1]), "--store", str(tmp_path / "s2"), env=env)
@@ -246,3 +246,15 @@ def test_push_of_a_name_without_registry_host_is_a_usage_error(tree: Path, tmp_p
     _pack(tree, tmp_path / "s", "tiny-spec:1.0.0", None)
     result = run_bundle("push", "tiny-spec:1.0.0", "--store", str(tmp_path / "s"), env=env)
     assert result.code == 2 and "names no registry" in result.err
+
+
+@pytest.mark.parametrize("repo_tag", ["tiny-spec:1.1.0", "prod-model:9.9.9"], ids=["newer-version-tag", "other-name"])
+def test_pull_of_a_tag_that_is_not_what_was_signed_is_refused(registry: Registry, tree: Path, tmp_path: Path, keypair, env, repo_tag: str) -> None:
+    ref = f"{registry.host}/org/{repo_tag}"  # the signed bundle is tiny-spec 1.0.0
+    _pack(tree, tmp_path / "s1", ref, keypair[0])
+    run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s1"), env=env, check=True)
+    store = tmp_path / "s2"
+    result = run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--store", str(store), env=env)
+    assert result.code == 3 and result.err.startswith("error: [signature-mismatch] ") and "--allow-ref-mismatch" in result.err, result.err
+    assert Store(store).entries() == []
+    run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--allow-ref-mismatch", "--store", str(store), env=env, check=True)
