@@ -31,14 +31,14 @@ import oras.auth
 import oras.auth.utils
 import requests
 
-from bundler import credentials, runrecord, signature
+from bundler import boundedjson, credentials, runrecord, signature
 from bundler.errors import BundleError
 from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
 from bundler.modelkit import load_modelkit
 from bundler.refs import Ref
 from bundler.sign import find_signatures
 from bundler.store import MAX_JSON_BLOB, Store
-from bundler.verify import ROLLBACK_STATE, verify_bundle, version_key
+from bundler.verify import MAX_SIGNATURES, ROLLBACK_STATE, signed_before_download, verify_bundle, version_key
 
 Progress = Callable[[str, int], None]
 
@@ -698,33 +698,57 @@ def pull(
     blobs += [(d, f"layer {d.digest[7:19]}") for d in (_descriptor(x, what) for x in manifest.get("layers") or [])]
 
     sig_manifests: list[tuple[Descriptor, bytes]] = []
-    for sig in referrers(client, digest):
+    sig_layers: dict[str, str] = {}  # signature manifest digest -> its Sigstore bundle blob digest
+    meta = blobs[:1]
+    # At most MAX_SIGNATURES candidates: anyone able to attach referrers can attach thousands.
+    for sig in referrers(client, digest)[:MAX_SIGNATURES]:
         data, sig_digest, _ = _get_manifest(client, sig.digest, f"signature {sig.digest[:19]}…", expect=sig.digest)
         try:
-            body = json.loads(data)
-        except ValueError:
+            body = boundedjson.loads(data, f"signature {sig_digest[:19]}…")
+        except BundleError:
             continue  # not ours to judge: verify reports a missing signature if none is usable
-        if not isinstance(body, dict) or (body.get("subject") or {}).get("digest") != digest:
+        subject = body.get("subject") if isinstance(body, dict) else None
+        layers = body.get("layers") if isinstance(body, dict) else None
+        if not isinstance(subject, dict) or subject.get("digest") != digest or not isinstance(layers, list) or len(layers) != 1:
+            continue
+        swhat = f"signature {sig_digest[:19]}…"
+        try:
+            parts = [_descriptor(x, swhat, MAX_JSON_BLOB) for x in [body.get("config"), layers[0]]]
+        except BundleError:
             continue
         sig_manifests.append((Descriptor(OCI_MANIFEST, sig_digest, len(data)), data))
-        swhat = f"signature {sig_digest[:19]}…"
-        blobs += [(_descriptor(x, swhat, MAX_JSON_BLOB), f"signature {sig_digest[7:19]}") for x in [body.get("config"), *(body.get("layers") or [])]]
+        sig_layers[sig_digest] = parts[1].digest
+        meta += [(d, f"signature {sig_digest[7:19]}") for d in parts]
     records = remote_records(client, digest)
     blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
 
-    unique = list({d.digest: (d, label) for d, label in blobs}.values())
     downloader = _Downloader(client, store, progress)
     files: dict[str, Path] = {}
 
-    def fetch(desc: Descriptor, label: str) -> None:
-        files[desc.digest] = downloader.fetch(desc, label)
+    def fetch_all(items: list[tuple[Descriptor, str]]) -> None:
+        unique = [x for x in {d.digest: (d, label) for d, label in items}.values() if x[0].digest not in files]
 
-    try:
-        _run_all([lambda d=d, label=label: fetch(d, label) for d, label in sorted(unique, key=lambda x: -x[0].size)], downloader.stop)
-    except BundleError as err:
-        if err.exit_code == 3:  # bad bytes: keep nothing; a network failure keeps finished blobs for the rerun
-            downloader.discard()
-        raise
+        def fetch(desc: Descriptor, label: str) -> None:
+            files[desc.digest] = downloader.fetch(desc, label)
+
+        try:
+            _run_all([lambda d=d, label=label: fetch(d, label) for d, label in sorted(unique, key=lambda x: -x[0].size)], downloader.stop)
+        except BundleError as err:
+            if err.exit_code == 3:  # bad bytes: keep nothing; a network failure keeps finished blobs for the rerun
+                downloader.discard()
+            raise
+
+    # Config and signatures first: with trusted keys, a signature must hold for this manifest digest
+    # before a single layer (gigabytes) comes down.
+    fetch_all(meta)
+    if not allow_unsigned:
+        payloads = [boundedjson.read_regular(files[sig_layers[d.digest]], MAX_JSON_BLOB, "signature") for d, _ in sig_manifests]
+        try:
+            signed_before_download(digest, payloads, trusted)
+        except BundleError:
+            downloader.discard()  # refused: nothing of it is worth keeping for a retry
+            raise
+    fetch_all(blobs)
 
     tmp = Store(Path(tempfile.mkdtemp(prefix="pull-", dir=store.private_dir("tmp"))))
     try:
@@ -742,6 +766,12 @@ def pull(
         if report.error is not None:
             downloader.discard()  # bad content or a bad signature: nothing of it is worth keeping for a retry
             raise report.error
+        # Only the signature that verified is kept (none with --allow-unsigned: it was not checked).
+        dropped = {d.digest for d, _ in sig_manifests if d.digest != report.signature_digest}
+        sig_manifests = [(d, data) for d, data in sig_manifests if d.digest == report.signature_digest]
+        kept = {sig_layers[d.digest] for d, _ in sig_manifests} | {d.digest for d, _ in sig_manifests}
+        for blob in (dropped | {sig_layers[d] for d in dropped}) - kept - {digest}:
+            tmp.blob_path(blob).unlink(missing_ok=True)
         with store.lock():
             blob_dir = store.root / "blobs" / "sha256"
             for path in sorted((tmp.root / "blobs" / "sha256").iterdir()):

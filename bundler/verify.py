@@ -53,6 +53,7 @@ class VerifyReport:
     tokenizer_hashes: dict[str, str] = field(default_factory=dict)
     unsigned: bool = False
     skipped_signatures: list[dict[str, Any]] = field(default_factory=list)  # candidates that did not pass, and why
+    signature_digest: str | None = None  # the signature artifact that verified
 
     @property
     def ok(self) -> bool:
@@ -237,6 +238,7 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         claims, checks, err = _candidate_checks(mk, report.files, payload, trusted, now)
         if err is None and claims is not None:
             report.checks.extend(checks)
+            report.signature_digest = desc.digest
             return claims, payload
         assert err is not None
         report.skipped_signatures.append({"digest": desc.digest, "key_id": claims.key_id if claims else None, "check": checks[-1].name, "error": {"code": err.code, "message": err.message}})
@@ -249,6 +251,32 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
     report.checks.extend(best[1])
     report.error = best[2]
     raise _Failed from best[2]
+
+
+def signed_before_download(manifest_digest: str, payloads: list[bytes], trusted: Mapping[str, Any], now: dt.datetime | None = None) -> signature.SignedClaims:
+    """The checks a signature allows before any layer is here: valid, by a trusted key, over this manifest
+    digest, not expired. Pull runs this so a bundle nobody trusted signed costs no layer download.
+    Raises the failure of the candidate that got furthest (signature-missing when there is none)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if not payloads:
+        raise BundleError("signature-missing", f"{manifest_digest[:19]}… has no signature (pass --allow-unsigned to check integrity only)")
+    best: tuple[int, BundleError] | None = None
+    for payload in payloads[:MAX_SIGNATURES]:
+        stage = 0
+        try:
+            claims = signature.verify(payload, trusted)
+            stage = 2
+            if claims.bundle.get("manifest_digest") != manifest_digest:
+                raise BundleError("signature-mismatch", f"signature is over manifest {str(claims.bundle.get('manifest_digest'))[:19]}…, this bundle is {manifest_digest[:19]}…")
+            stage = 4
+            _expiry(claims, now)
+            return claims
+        except BundleError as err:
+            rank = stage + (err.code != "signature-invalid")
+            if best is None or rank > best[0]:
+                best = (rank, err)
+    assert best is not None
+    raise best[1]
 
 
 def _signature_valid(payload: bytes, trusted: Mapping[str, Any]) -> tuple[signature.SignedClaims, str]:

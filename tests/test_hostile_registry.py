@@ -99,3 +99,54 @@ def test_redirect_target_bearer_challenge_gets_no_credentials(packed: Path, tmp_
 def test_plain_http_is_refused_for_a_registry_off_loopback(tmp_path: Path) -> None:
     result = run_bundle("pull", "registry.example.com/org/tiny-spec:1.0.0", "--plain-http", "--allow-unsigned", "--store", str(tmp_path / "s"), env=_env(tmp_path))
     assert result.code == 2 and result.err.startswith("error: [usage] ") and "loopback" in result.err, result.err
+
+
+def _serve_store(store: Path, signed: bool = True):
+    """A registry route serving a store's bundle (and, when signed, its signatures via the fallback tag)."""
+    from bundler.manifest import OCI_INDEX
+
+    index = json.loads((store / "index.json").read_text())
+    [entry] = [m for m in index["manifests"] if "annotations" in m]
+    sigs = [m for m in index["manifests"] if "artifactType" in m] if signed else []
+
+    def blob(digest: str) -> bytes:
+        return (store / "blobs" / "sha256" / digest.split(":")[1]).read_bytes()
+
+    def route(req: Seen, body: bytes) -> Reply:
+        if req.path.endswith("/manifests/1.0.0") or req.path.endswith(f"/manifests/{entry['digest']}"):
+            return Reply(200, {"Content-Type": entry["mediaType"], "Docker-Content-Digest": entry["digest"]}, blob(entry["digest"]))
+        for sig in sigs:
+            if req.path.endswith(f"/manifests/{sig['digest']}"):
+                return Reply(200, {"Content-Type": sig["mediaType"]}, blob(sig["digest"]))
+        if sigs and req.path.endswith("/manifests/" + entry["digest"].replace(":", "-")):
+            return Reply(200, {"Content-Type": OCI_INDEX}, json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": sigs}).encode())
+        if "/blobs/sha256:" in req.path:
+            return Reply(200, {}, blob(req.path.rsplit("/", 1)[1]))
+        return Reply(404)
+
+    return route, json.loads(blob(entry["digest"]))
+
+
+def test_pull_checks_the_signature_before_downloading_any_layer(packed: Path, tmp_path: Path, keypair: tuple[Path, Path]) -> None:
+    route, manifest = _serve_store(packed, signed=False)
+    layers = {layer["digest"] for layer in manifest["layers"]}
+    with hostile(route) as reg:
+        store = tmp_path / "pulled"
+        result = run_bundle("pull", f"{reg.host}/org/tiny-spec:1.0.0", "--plain-http", "--key", str(keypair[1]), "--store", str(store), env=_env(tmp_path))
+    assert result.code == 3 and result.err.startswith("error: [signature-missing] "), result.err
+    fetched = {r.path.rsplit("/", 1)[1] for r in reg.seen if "/blobs/" in r.path}
+    assert not fetched & layers, "a layer was downloaded before the signature was checked"
+
+
+def test_pull_keeps_only_the_signature_that_verified(packed: Path, tmp_path: Path, keypair: tuple[Path, Path], other_keypair: tuple[Path, Path]) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(packed, source)
+    editor = StoreEditor(source)
+    editor.sign_with_key("tiny-spec:1.0.0", other_keypair[0])  # a foreign signature beside the trusted one
+    assert len(editor.signatures()) == 2
+    route, _ = _serve_store(source)
+    with hostile(route) as reg:
+        store = tmp_path / "pulled"
+        result = run_bundle("pull", f"{reg.host}/org/tiny-spec:1.0.0", "--plain-http", "--key", str(keypair[1]), "--store", str(store), env=_env(tmp_path))
+    assert result.code == 0, result.err
+    assert len(StoreEditor(store).signatures()) == 1
