@@ -232,14 +232,14 @@ def _record_without_a_model(store: Path, ref: str, signer_key: Path, started_off
 def test_records_travel_through_push_and_pull_and_verify_on_the_other_side(registry, tree: Path, tmp_path: Path, keypair, other_keypair) -> None:
     (tmp_path / "no-docker").mkdir()
     env = {"DOCKER_CONFIG": str(tmp_path / "no-docker"), "BUNDLE_REGISTRY_USER": "", "BUNDLE_REGISTRY_PASSWORD": ""}
-    ref = f"{registry.host}/org/attested:v1"
+    ref = f"{registry.host}/attested/tiny-spec:v1"  # repository = the signed name (the reference check)
     src, dst = tmp_path / "src", tmp_path / "dst"
     digest = run_bundle("pack", str(tree), "-t", ref, "--key", str(keypair[0]), "--store", str(src), check=True).out.split()[-1]
     written = [_record_without_a_model(src, ref, other_keypair[0], i) for i in range(2)]
     pushed = run_bundle("push", ref, "--plain-http", "--store", str(src), env=env, check=True)
     assert "2 run record(s)" in pushed.out
     # docker-registry 2.8 has no referrers API: signature and records share the fallback index.
-    index = requests.get(f"http://{registry.host}/v2/org/attested/manifests/sha256-{digest[7:]}",
+    index = requests.get(f"http://{registry.host}/v2/attested/tiny-spec/manifests/sha256-{digest[7:]}",
                          headers={"Accept": "application/vnd.oci.image.index.v1+json"}).json()
     assert sorted(m["artifactType"] for m in index["manifests"]) == ["application/vnd.dev.sigstore.bundle.v0.3+json"] + ["application/vnd.in-toto+json"] * 2
     pulled = run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--store", str(dst), env=env, check=True)
