@@ -27,16 +27,16 @@ def _pack(tmp_path: Path, store: Path, ref: str, key: Path | None, seed: int = 0
 @pytest.fixture
 def two_bundles(tmp_path: Path, keypair) -> tuple[Path, str, str]:
     store = tmp_path / "store"
-    a = _pack(tmp_path, store, "tiny/a:1.0.0", keypair[0], seed=0)
-    b = _pack(tmp_path, store, "tiny/b:1.0.0", keypair[0], seed=1, name="other-spec")
+    a = _pack(tmp_path, store, "a/tiny-spec:1.0.0", keypair[0], seed=0)
+    b = _pack(tmp_path, store, "b/other-spec:1.0.0", keypair[0], seed=1, name="other-spec")
     return store, a, b
 
 
 def test_tag_adds_a_second_name_that_verifies_with_the_same_signature(two_bundles, keypair) -> None:
     store, a, _ = two_bundles
-    out = run_bundle("tag", "tiny/a:1.0.0", "127.0.0.1:5000/models/a:1.0.0", "--store", str(store), check=True)
+    out = run_bundle("tag", "a/tiny-spec:1.0.0", "127.0.0.1:5000/models/tiny-spec:1.0.0", "--store", str(store), check=True)
     assert a in out.out
-    v = run_bundle("verify", "127.0.0.1:5000/models/a:1.0.0", "--key", str(keypair[1]), "--store", str(store))
+    v = run_bundle("verify", "127.0.0.1:5000/models/tiny-spec:1.0.0", "--key", str(keypair[1]), "--store", str(store))
     assert v.code == 0, v.err
     assert a in v.out
 
@@ -50,18 +50,18 @@ def test_tag_of_an_unknown_source_is_not_found_exit_2(two_bundles) -> None:
 def test_rm_of_an_unknown_ref_removes_nothing(two_bundles) -> None:
     store, _, _ = two_bundles
     before = (store / "index.json").read_bytes()
-    r = run_bundle("rm", "tiny/a:1.0.0", "tiny/nope:1", "--store", str(store))
+    r = run_bundle("rm", "a/tiny-spec:1.0.0", "tiny/nope:1", "--store", str(store))
     assert r.code == 2 and "[not-found]" in r.err and "nothing removed" in r.err
     assert (store / "index.json").read_bytes() == before
 
 
 def test_gc_after_rm_frees_exactly_the_unreachable_blobs_and_the_rest_still_reads(two_bundles, keypair, tmp_path: Path) -> None:
     store, a, b = two_bundles
-    run_bundle("tag", "tiny/b:1.0.0", "tiny/b:latest", "--store", str(store), check=True)
+    run_bundle("tag", "b/other-spec:1.0.0", "b/other-spec:latest", "--store", str(store), check=True)
     all_blobs = _blobs(store)
     bytes_of = {h: (store / "blobs" / "sha256" / h).read_bytes() for h in all_blobs}
     expected_kept = _used_by(store, b)
-    assert run_bundle("rm", "tiny/a:1.0.0", "--store", str(store), check=True).code == 0
+    assert run_bundle("rm", "a/tiny-spec:1.0.0", "--store", str(store), check=True).code == 0
     assert _blobs(store) == all_blobs  # rm leaves the blobs for gc
 
     dry = json.loads(run_bundle("gc", "--dry-run", "--json", "--store", str(store), check=True).out)
@@ -76,7 +76,7 @@ def test_gc_after_rm_frees_exactly_the_unreachable_blobs_and_the_rest_still_read
     assert done["bytes_freed"] == sum(len(bytes_of[h]) for h in all_blobs - expected_kept) > 0
     assert len(done["removed_manifests"]) == 1  # a's signature artifact
 
-    for ref in ("tiny/b:1.0.0", "tiny/b:latest"):
+    for ref in ("b/other-spec:1.0.0", "b/other-spec:latest"):
         v = run_bundle("verify", ref, "--key", str(keypair[1]), "--store", str(store))
         assert v.code == 0, v.err
         tag = ref.split(":")[1]
@@ -117,7 +117,7 @@ def test_gc_keeps_any_untagged_referrer_of_a_kept_bundle(two_bundles, keypair) -
         s.add_untagged(Descriptor(OCI_MANIFEST, desc.digest, desc.size), "application/vnd.example.record+json")
     kept = json.loads(run_bundle("gc", "--json", "--store", str(store), check=True).out)
     assert kept["removed_blobs"] == [] and desc.digest[7:] in _blobs(store)
-    run_bundle("rm", "tiny/a:1.0.0", "--store", str(store), check=True)
+    run_bundle("rm", "a/tiny-spec:1.0.0", "--store", str(store), check=True)
     gone = json.loads(run_bundle("gc", "--json", "--store", str(store), check=True).out)
     assert desc.digest in gone["removed_manifests"] and layer.digest in gone["removed_blobs"]
 
@@ -127,7 +127,7 @@ def test_list_has_a_header_sizes_dates_signers_and_json(two_bundles, keypair) ->
     r = run_bundle("list", "--store", str(store), check=True)
     lines = r.out.splitlines()
     assert lines[0].split() == ["REF", "DIGEST", "NAME", "VERSION", "SIZE", "CREATED", "SIGNERS"]
-    assert lines[1].startswith("tiny/a:1.0.0") and "tiny-spec" in lines[1] and "KiB" in lines[1]
+    assert lines[1].startswith("a/tiny-spec:1.0.0") and "tiny-spec" in lines[1] and "KiB" in lines[1]
     rows = json.loads(run_bundle("list", "--json", "--store", str(store), check=True).out)
     first = rows[0]
     assert set(first) >= {"ref", "digest", "name", "version", "size", "created", "signers"}
@@ -147,8 +147,8 @@ def test_list_of_an_empty_store_says_so(tmp_path: Path) -> None:
 def test_push_src_dst_sends_a_local_name_to_a_registry(registry: Registry, two_bundles, tmp_path: Path, keypair) -> None:
     store, a, _ = two_bundles
     env = {"DOCKER_CONFIG": str(tmp_path / "docker")}
-    dst = f"{registry.host}/models/a:1.0.0"
-    r = run_bundle("push", "tiny/a:1.0.0", dst, "--plain-http", "--store", str(store), env=env)
+    dst = f"{registry.host}/models/tiny-spec:1.0.0"
+    r = run_bundle("push", "a/tiny-spec:1.0.0", dst, "--plain-http", "--store", str(store), env=env)
     assert r.code == 0, r.err
     assert r.out.strip().splitlines()[-1] == a
     pulled = run_bundle("pull", dst, "--plain-http", "--key", str(keypair[1]), "--store", str(tmp_path / "s2"), env=env)
@@ -157,7 +157,7 @@ def test_push_src_dst_sends_a_local_name_to_a_registry(registry: Registry, two_b
 
 def test_push_of_a_local_name_without_dst_is_a_usage_error(two_bundles) -> None:
     store, _, _ = two_bundles
-    r = run_bundle("push", "tiny/a:1.0.0", "--plain-http", "--store", str(store))
+    r = run_bundle("push", "a/tiny-spec:1.0.0", "--plain-http", "--store", str(store))
     assert r.code == 2 and r.err.startswith("error: [usage]") and "DST" in r.err
 
 
@@ -165,8 +165,8 @@ def test_login_password_stdin_writes_docker_config_and_logout_removes_it(auth_re
     store, _, _ = two_bundles
     docker = tmp_path / "docker"
     env = {"DOCKER_CONFIG": str(docker)}
-    dst = f"{auth_registry.host}/models/a:1.0.0"
-    denied = run_bundle("push", "tiny/a:1.0.0", dst, "--plain-http", "--store", str(store), env=env)
+    dst = f"{auth_registry.host}/models/tiny-spec:1.0.0"
+    denied = run_bundle("push", "a/tiny-spec:1.0.0", dst, "--plain-http", "--store", str(store), env=env)
     assert denied.code == 5
     import os
     import sys
@@ -179,7 +179,7 @@ def test_login_password_stdin_writes_docker_config_and_logout_removes_it(auth_re
     assert base64.b64decode(config["auths"][auth_registry.host]["auth"]).decode() == f"{auth_registry.user}:{auth_registry.password}"
     assert ((docker / "config.json").stat().st_mode & 0o777) == 0o600
     assert auth_registry.password not in login.stdout + login.stderr
-    ok = run_bundle("push", "tiny/a:1.0.0", dst, "--plain-http", "--store", str(store), env=env)
+    ok = run_bundle("push", "a/tiny-spec:1.0.0", dst, "--plain-http", "--store", str(store), env=env)
     assert ok.code == 0, ok.err
     out = run_bundle("logout", auth_registry.host, env=env, check=True)
     assert "removed" in out.out
