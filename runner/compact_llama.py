@@ -6,8 +6,8 @@ draft does about 1 ms of matrix work per step on this CPU and transformers added
 30-layer demo target takes 36 ms per step through transformers and 32 through this forward (bf16, 2
 threads). The logits are transformers' bit for bit, in bf16 too: the same operations in the same order,
 the same rotary frequencies, attention called the way transformers' SDPA path calls it. It runs only the
-architecture it implements exactly (`supports`: Llama without biases, SiLU MLP, default RoPE); tests
-check its logits against transformers' on the same weights. Any other model runs through transformers.
+architecture it implements exactly (`supports`: Llama, Qwen2 (q/k/v biases) and Mistral with full
+attention, SiLU MLP, default RoPE); tests check its logits against transformers' on the same weights. Any other model runs through transformers.
 """
 
 from __future__ import annotations
@@ -20,12 +20,26 @@ import torch.nn.functional as F
 from runner.draft_vocab import full_vocab_logits, head_rows
 
 
+# Decoders whose layers are Llama's: RMSNorm, rotary attention (Qwen2 adds q/k/v biases), a SiLU gated
+# MLP; supported only with full attention on every layer.
+ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+
+def _full_attention(config) -> bool:
+    if getattr(config, "model_type", None) == "qwen2" and getattr(config, "use_sliding_window", False):
+        return False
+    if getattr(config, "model_type", None) == "mistral" and getattr(config, "sliding_window", None) is not None:
+        return False
+    return all(t == "full_attention" for t in (getattr(config, "layer_types", None) or ()))
+
+
 def supports(config) -> bool:
     """Whether `config` is a model this module computes exactly as transformers does."""
     rope = getattr(config, "rope_parameters", None) or {}
     return (
-        getattr(config, "model_type", None) == "llama"
-        and not getattr(config, "attention_bias", False)
+        getattr(config, "model_type", None) in ARCHITECTURES
+        and _full_attention(config)
+        and not getattr(config, "attention_bias", False)  # Llama's o_proj bias: not checked here, so not run
         and not getattr(config, "mlp_bias", False)
         and getattr(config, "hidden_act", None) == "silu"
         and rope.get("rope_type", "default") == "default"
@@ -85,7 +99,7 @@ class CompactLlama(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, ids: list[int] | None = None) -> None:
         super().__init__()
         if not supports(model.config):
-            raise ValueError("CompactLlama runs Llama models without biases, with SiLU and default RoPE only")
+            raise ValueError("CompactLlama runs Llama, Qwen2 and Mistral models with full attention, SiLU and default RoPE only")
         self.inner = model
         self.config = model.config
         c = model.config
@@ -134,16 +148,17 @@ class CompactLlama(torch.nn.Module):
         for i, layer in enumerate(body.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
-            q = F.linear(h, attn.q_proj.weight).view(1, t, self.heads, self.head_dim).transpose(1, 2)
-            k = F.linear(h, attn.k_proj.weight).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = F.linear(h, attn.v_proj.weight).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            # biases: None for Llama without attention_bias, q/k/v for Qwen2
+            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(1, t, self.heads, self.head_dim).transpose(1, 2)
+            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
             cache.keys[i, :, :, start:end] = _rotate(k, cos, sin)
             cache.values[i, :, :, start:end] = v
             out = F.scaled_dot_product_attention(
                 _rotate(q, cos, sin), cache.keys[i, :, :, :end], cache.values[i, :, :, :end], attn_mask=mask,
                 is_causal=t > 1 and start == 0, scale=self.scale, enable_gqa=self.heads != self.kv_heads,
             )
-            x = x + F.linear(out.transpose(1, 2).reshape(1, t, -1), attn.o_proj.weight)
+            x = x + F.linear(out.transpose(1, 2).reshape(1, t, -1), attn.o_proj.weight, attn.o_proj.bias)
             h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
             x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
         cache.length = end

@@ -81,6 +81,40 @@ def tiny_llama_config(
     )
 
 
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gemma2", "phi3")
+
+
+def tiny_config(arch: str, vocab_size: int, *, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                init_std: float = 0.02):
+    """A small config of one of `ARCHITECTURES` (transformers' own classes), special ids as `train_tokenizer`'s."""
+    from transformers import AutoConfig
+
+    if arch == "llama":
+        return tiny_llama_config(vocab_size, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, init_std=init_std)
+    settings = dict(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads, max_position_embeddings=2048,
+        tie_word_embeddings=arch in ("qwen2", "gemma2"), bos_token_id=SPECIAL_TOKENS.index(BOS),
+        eos_token_id=SPECIAL_TOKENS.index(EOS), pad_token_id=SPECIAL_TOKENS.index(PAD), initializer_range=init_std,
+    )
+    if arch == "mistral":
+        settings["sliding_window"] = None  # full attention, as Mistral 7B v0.2 and later
+    if arch == "gemma2":
+        settings.update(sliding_window=16, query_pre_attn_scalar=hidden // heads)  # prompts here cross the window
+    if arch == "phi3":
+        settings.pop("head_dim")
+    return AutoConfig.for_model(arch, **settings)
+
+
+def tiny_model(arch: str, vocab_size: int, *, seed: int = 0, dtype: torch.dtype = torch.float32, **shape):
+    """A randomly initialised tiny causal LM of `arch` in eval mode; `shape` goes to `tiny_config`."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size, **shape))
+    return model.to(dtype).eval()
+
+
 def tiny_llama(vocab_size: int, *, seed: int = 0, dtype: torch.dtype = torch.float32, **shape) -> LlamaForCausalLM:
     """A randomly initialised tiny Llama in eval mode; `shape` goes to `tiny_llama_config`."""
     torch.manual_seed(seed)
@@ -134,6 +168,8 @@ def make_pair(
     seed: int = 0,
     init_std: float = 0.1,
     speculative: dict | None = None,
+    arch: str = "llama",
+    max_shard_size: str | None = None,
 ) -> dict[str, Path]:
     """Writes a tiny target/draft pair, their tokenizer and a Kitfile under `root`.
 
@@ -141,19 +177,21 @@ def make_pair(
     `init_std` 0.1 gives varied greedy text (0.02, transformers' default, repeats one token).
     `target_vocab_pad` pads the target's embedding beyond the tokenizer's vocabulary, as Qwen does.
     With `tokenizer_in_models` the tokenizer files are copied into target/ and draft/ as well.
+    `arch`: one of `ARCHITECTURES` for both models; `max_shard_size` shards the target's weights.
     Returns the paths: root, target, draft, tokenizer, kitfile.
     """
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(vocab_size)
     n_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
     paths = {"root": root, "target": root / "target", "draft": root / "draft", "tokenizer": root / "tokenizer"}
-    target = tiny_llama(
-        n_tokens + target_vocab_pad, seed=seed, hidden=target_hidden, layers=target_layers, init_std=init_std
+    target = tiny_model(
+        arch, n_tokens + target_vocab_pad, seed=seed, hidden=target_hidden, layers=target_layers, init_std=init_std
     )
-    draft = tiny_llama(
-        n_tokens, seed=seed + 1, hidden=draft_hidden, layers=draft_layers, heads=2, kv_heads=1, init_std=init_std
+    draft = tiny_model(
+        arch, n_tokens, seed=seed + 1, hidden=draft_hidden, layers=draft_layers, heads=2, kv_heads=1, init_std=init_std
     )
-    target.save_pretrained(paths["target"], safe_serialization=True)
+    shards = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    target.save_pretrained(paths["target"], safe_serialization=True, **shards)
     draft.save_pretrained(paths["draft"], safe_serialization=True)
     write_tokenizer(paths["tokenizer"], tokenizer)
     if tokenizer_in_models:

@@ -12,7 +12,11 @@ def new_cache(model, tokens: int = 0):
         return model.new_cache(tokens)
     from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    # Sliding-window layers (Gemma 2/3, Mistral v0.1) drop states past the window unless told to keep them
+    # until the next crop: a rejected draft must be cropped off even after the window is full.
+    cache.activate_past_recording()
+    return cache
 
 
 def model_logits(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
