@@ -6,12 +6,13 @@ How a model loads (`load_model`):
    the GIL), and compared with the signed sha256: the bytes that load ARE the bytes hashed, so a file changed
    on disk after verification or extraction is refused ("digest-mismatch") instead of loaded;
 3. tensors are views into those buffers (the safetensors header parsed, `torch.frombuffer`: no copy);
-   a shard whose dtype differs from the run dtype is converted and its buffer dropped before the next;
+   a shard whose dtype differs from the run dtype is converted and its buffer dropped;
 4. the model is built by transformers from the verified config, on the meta device (no random
    initialisation), and takes the tensors as its parameters (`from_pretrained(None, state_dict=...)`:
    tied embeddings, non-persistent buffers and the dtype are transformers' own logic; no file is reopened).
 
-Peak memory is the weights in the run dtype once (plus one shard while converting dtypes).
+Peak memory is the weights in the run dtype once (plus the files' bytes when they are stored in another
+dtype: they are all read before they are converted).
 
 `LOADS` counts calls to `load_model`, so a test can prove that a refusal came before any weight was read.
 """

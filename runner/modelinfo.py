@@ -190,13 +190,14 @@ def _activation_bytes(config: dict, element_bytes: int, prompt_tokens: int, step
 
 
 def _loader_bytes(model_dir: Path, element_bytes: int) -> int:
-    """Memory runner.loading holds beyond the weights: when a shard's dtype is not the run dtype, its
-    buffer lives while it is converted (one shard at a time); else nothing (tensors are views of it)."""
+    """Memory runner.loading holds beyond the weights: the buffers of shards stored in another dtype than
+    the run's (all shards are read, in parallel, before they are converted); else nothing (the tensors
+    are views of the buffers)."""
     extra = 0
     for path in safetensors_files(model_dir):
         tensors = read_safetensors_header(path)
         if any(SAFETENSORS_DTYPE_BYTES.get(t.get("dtype"), 0) != element_bytes for t in tensors.values()):
-            extra = max(extra, path.stat().st_size)
+            extra += path.stat().st_size
     return extra
 
 

@@ -99,8 +99,76 @@ def _special_names(directory: Path) -> dict[str, str]:
     return {k: v for k, v in names.items() if v is not None}
 
 
+SENTENCEPIECE_FILE = "tokenizer.model"
+# TrainerSpec fields that change how a SentencePiece model splits text into ids.
+SENTENCEPIECE_SETTINGS = (
+    "model_type", "byte_fallback", "split_digits", "split_by_whitespace", "split_by_unicode_script", "split_by_number",
+    "treat_whitespace_as_suffix", "allow_whitespace_only_pieces", "max_sentencepiece_length", "unk_id", "bos_id",
+    "eos_id", "pad_id", "unk_piece", "bos_piece", "eos_piece", "pad_piece", "control_symbols", "user_defined_symbols",
+)
+CONVERT_HINT = (
+    "convert it to tokenizer.json with transformers: "
+    "python -c \"from transformers import AutoTokenizer as T; T.from_pretrained('DIR').save_pretrained('DIR')\""
+)
+
+
+def is_sentencepiece_only(directory: Path) -> bool:
+    """A tokenizer that comes as a SentencePiece tokenizer.model without tokenizer.json."""
+    directory = Path(directory)
+    return directory.is_dir() and (directory / SENTENCEPIECE_FILE).is_file() and not (directory / "tokenizer.json").is_file()
+
+
+def _spec_dict(message) -> dict:
+    """A protobuf message's set fields as plain JSON values (bytes as their sha256)."""
+    out: dict = {}
+    for field, value in message.ListFields():
+        if isinstance(value, bytes):
+            value = "sha256:" + hashlib.sha256(value).hexdigest()
+        elif hasattr(value, "ListFields"):
+            value = _spec_dict(value)
+        elif not isinstance(value, (str, int, float, bool)):
+            value = list(value)
+        out[field.name] = value
+    return out
+
+
+def load_sentencepiece_spec(directory: Path) -> TokenizerSpec:
+    """A SentencePiece tokenizer.model's id-deciding parts: every piece with its score and type, the model
+    type and the trainer settings that split text, the normalizer and denormalizer (their rules and
+    precompiled character maps, hashed). Needs the `sentencepiece` package (its model protobuf)."""
+    path = Path(directory) / SENTENCEPIECE_FILE
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except ImportError:
+        raise BundleError("tokenizer-mismatch", f"{path}: comparing SentencePiece tokenizers needs the sentencepiece package; or {CONVERT_HINT}") from None
+    raw = path.read_bytes()
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(raw)
+    except Exception as e:  # protobuf raises DecodeError (not exported uniformly across versions)
+        raise BundleError("invalid-bundle", f"{path} is not a SentencePiece model: {e}") from None
+    if not proto.pieces:
+        raise BundleError("invalid-bundle", f"{path} is not a SentencePiece model: no pieces")
+    vocab = [[p.piece, p.score, sentencepiece_model_pb2.ModelProto.SentencePiece.Type.Name(p.type)] for p in proto.pieces]
+    trainer = _spec_dict(proto.trainer_spec)
+    settings = {k: trainer[k] for k in SENTENCEPIECE_SETTINGS if k in trainer}
+    model_type = "SentencePiece-" + sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type)
+    text_to_id: dict[str, int] = {}
+    for token_id, (piece, _score, _type) in enumerate(vocab):
+        text_to_id.setdefault(piece, token_id)
+    special = {name: {"content": content, "id": text_to_id.get(content)} for name, content in _special_names(Path(directory)).items()}
+    return TokenizerSpec(
+        raw=raw, model_type=model_type, vocab=vocab, merges=[], model_settings=settings,
+        normalizer=_spec_dict(proto.normalizer_spec), pre_tokenizer=None,
+        post_processor=_spec_dict(proto.denormalizer_spec) or None, added_tokens={}, special=special,
+    )
+
+
 def load_spec(tokenizer_dir_or_json: Path) -> TokenizerSpec:
-    """Reads a tokenizer directory (or a tokenizer.json path) into its canonical parts."""
+    """Reads a tokenizer directory (or a tokenizer.json path) into its canonical parts; a directory with only
+    a SentencePiece tokenizer.model is read by `load_sentencepiece_spec`."""
+    if is_sentencepiece_only(Path(tokenizer_dir_or_json)):
+        return load_sentencepiece_spec(Path(tokenizer_dir_or_json))
     path = _tokenizer_json(tokenizer_dir_or_json)
     try:
         raw = path.read_bytes()
@@ -216,6 +284,8 @@ def probe_difference(a_name: str, a: TokenizerSpec, b_name: str, b: TokenizerSpe
     """Encodes the probe set (and every added token in context) with both; the first differing probe."""
     from tokenizers import Tokenizer
 
+    if a.model_type.startswith("SentencePiece-") or b.model_type.startswith("SentencePiece-"):
+        return _sentencepiece_probe_difference(a_name, a, b_name, b)
     try:
         tok_a, tok_b = Tokenizer.from_str(a.raw.decode("utf-8")), Tokenizer.from_str(b.raw.decode("utf-8"))
     except Exception as e:  # tokenizers raises plain Exceptions for malformed files
@@ -225,6 +295,21 @@ def probe_difference(a_name: str, a: TokenizerSpec, b_name: str, b: TokenizerSpe
     for text in probes:
         ids_a = tok_a.encode(text, add_special_tokens=True).ids
         ids_b = tok_b.encode(text, add_special_tokens=True).ids
+        if ids_a != ids_b:
+            return f"probe {text[:40]!r} encodes differently: {a_name} {ids_a[:12]} {b_name} {ids_b[:12]}"
+    return None
+
+
+def _sentencepiece_probe_difference(a_name: str, a: TokenizerSpec, b_name: str, b: TokenizerSpec) -> str | None:
+    """The probe set encoded by both SentencePiece models; the first differing probe."""
+    import sentencepiece
+
+    try:
+        sp_a, sp_b = (sentencepiece.SentencePieceProcessor(model_proto=s.raw) for s in (a, b))
+    except RuntimeError as e:
+        raise BundleError("invalid-bundle", f"tokenizer.model cannot be loaded: {e}") from None
+    for text in PROBES:
+        ids_a, ids_b = sp_a.encode(text), sp_b.encode(text)
         if ids_a != ids_b:
             return f"probe {text[:40]!r} encodes differently: {a_name} {ids_a[:12]} {b_name} {ids_b[:12]}"
     return None
@@ -246,10 +331,19 @@ def check_tokenizers(dirs: Mapping[str, Path]) -> str:
     if not present:
         raise BundleError("invalid-bundle", "no role carries tokenizer files")
     for role in present:
-        if not (Path(dirs[role]) / "tokenizer.json").is_file():
+        if not (Path(dirs[role]) / "tokenizer.json").is_file() and not is_sentencepiece_only(dirs[role]):
             raise BundleError(
                 "tokenizer-mismatch", f"{role} carries tokenizer files but no tokenizer.json, so it cannot be compared"
             )
+    spm_roles = [r for r in present if is_sentencepiece_only(dirs[r])]
+    if spm_roles and len(spm_roles) != len(present):
+        # tokenizer.json against tokenizer.model: two formats, no exact comparison between them
+        other = next(r for r in present if r not in spm_roles)
+        raise BundleError(
+            "tokenizer-mismatch",
+            f"{spm_roles[0]} has only a SentencePiece tokenizer.model, {other} a tokenizer.json: they cannot be compared; "
+            f"{CONVERT_HINT.replace('DIR', spm_roles[0])}",
+        )
     specs = {role: load_spec(dirs[role]) for role in present}
     reference = present[0]
     for role in present[1:]:
