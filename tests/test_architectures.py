@@ -17,7 +17,7 @@ from bundler.store import Store
 from conftest import run_bundle
 from tests.tinymodels import make_pair
 
-REF = "tiny-arch:1.0.0"
+REF = "tiny-spec:1.0.0"  # the name the Kitfile signs (make_pair)
 PROMPT = "the quick brown fox speculative decoding drafts tokens"  # longer than gemma2's 16-token window here
 COMPACT = {"llama", "qwen2", "mistral"}
 
