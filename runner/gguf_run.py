@@ -42,9 +42,49 @@ class GGUFTokenizer:
             bos_token="", eos_token="")
         return self.llm.tokenize(text.encode(), add_bos=add_bos, special=True)
 
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A chat (OpenAI-style messages) through the file's chat template (raw contents without one)."""
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        add_bos = bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))
+        if not template:
+            return self.llm.tokenize("\n".join(m["content"] for m in messages).encode(), add_bos=add_bos, special=False)
+        import jinja2
+
+        text = jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                                 bos_token="", eos_token="")
+        return self.llm.tokenize(text.encode(), add_bos=add_bos, special=True)
+
     def eos_ids(self) -> set[int]:
         m = self.metadata
         return {int(m[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if m.get(k) is not None}
+
+
+def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_tokens: int,
+                   memory_budget: int | None):
+    """runner.run.load_pair for a GGUF pair (bundle serve): the same checks, then both files loaded once.
+    context: (prompt tokens, new tokens), or a function of the tokenizer giving them."""
+    from runner.run import LoadedPair
+
+    files = {role: gguf_model.gguf_files(dirs[role])[0] for role in ("target", "draft")}
+    headers = {role: gguf_model.read_header(path) for role, path in files.items()}
+    fingerprint = gguf_model.check_tokenizers(files, headers)
+    pairing = gguf_model.check_pairing(headers, params)
+    tokenizer = GGUFTokenizer(files["target"], headers["target"]["metadata"])
+    prompt_tokens, new_tokens = context(tokenizer) if callable(context) else context
+    n_ctx = prompt_tokens + new_tokens + 2 * draft_tokens + 2
+    memory = gguf_model.estimate_memory(headers, n_ctx)
+    check_memory(memory, memory_budget, "cpu")
+    threads = int(params.get("threads") or os.cpu_count() or 1)
+    load_start = time.perf_counter()
+    target = llamacpp.load(files["target"], n_ctx=n_ctx, threads=threads)
+    draft = llamacpp.load(files["draft"], n_ctx=n_ctx, threads=threads)
+    return LoadedPair(
+        tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=fingerprint,
+        eos_ids=tokenizer.eos_ids(), vocab_size=None, device="cpu",
+        dtype=str(headers["target"]["metadata"].get("general.file_type", "gguf")), draft_tokens=draft_tokens,
+        pairing=pairing, memory=memory, context_tokens=n_ctx, load_s=time.perf_counter() - load_start,
+        engine="llama.cpp", extra={"forward": {"target": "llama.cpp", "draft": "llama.cpp"}, "threads": threads},
+    )
 
 
 def run_gguf(

@@ -154,7 +154,7 @@ class LoadedPair:
     params: Mapping
     fingerprint: str
     eos_ids: set[int]
-    vocab_size: int
+    vocab_size: int | None
     device: str
     dtype: str
     draft_tokens: int
@@ -167,11 +167,15 @@ class LoadedPair:
 
     def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
         """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
+        if hasattr(self.tokenizer, "prompt_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
+            return self.tokenizer.prompt_ids(prompt, raw)
         return _prompt_ids(self.tokenizer, prompt, raw)
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """A chat (OpenAI-style messages) as ids, through the tokenizer's chat template; without one, the
         contents joined by newlines."""
+        if hasattr(self.tokenizer, "chat_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
+            return self.tokenizer.chat_ids(messages)
         if getattr(self.tokenizer, "chat_template", None):
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if isinstance(ids, Mapping) or hasattr(ids, "keys"):
@@ -185,6 +189,8 @@ class LoadedPair:
 
     def forward(self) -> dict[str, str]:
         """Which forward each model runs through."""
+        if "forward" in self.extra:
+            return dict(self.extra["forward"])
         return {"target": forward_path(self.target), "draft": forward_path(self.draft)}
 
 
@@ -210,6 +216,11 @@ def load_pair(
     device = _resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
+    gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
+    if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
+        from runner.gguf_run import load_gguf_pair  # the llama.cpp engine
+
+        return load_gguf_pair(gguf_dirs, params, context=context, draft_tokens=draft_tokens, memory_budget=memory_budget)
     checked = preflight(root, roles, params)
     dirs = checked["dirs"]
     tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)

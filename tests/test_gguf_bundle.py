@@ -90,3 +90,13 @@ def test_pairing_refuses_a_draft_too_close_in_size(tmp_path, no_weights_load):
     with pytest.raises(BundleError) as refused:
         run_unpacked(root, ROLES, {}, "hello", max_new_tokens=4, raw=True)
     assert refused.value.code == "size-ratio"
+
+
+def test_a_gguf_pair_loaded_once_generates_what_run_unpacked_does(tmp_path):
+    from runner.run import generate, load_pair
+
+    root = gguf_pair(tmp_path)
+    pair = load_pair(root, ROLES, {"min_size_ratio": 1}, context=(32, 12))
+    assert pair.engine == "llama.cpp" and pair.forward() == {"target": "llama.cpp", "draft": "llama.cpp"}
+    once = generate(pair, pair.prompt_ids("the quick brown fox", raw=True), max_new_tokens=12)
+    assert once["tokens"] == run_unpacked(root, ROLES, {"min_size_ratio": 1}, "the quick brown fox", max_new_tokens=12, raw=True)["tokens"]
