@@ -554,7 +554,7 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
 @click.option("--json", "as_json", is_flag=True, help="One JSON array on stdout.")
 @command
 def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bool) -> None:
-    """List the signed run records attached to a bundle and verify each; exit 3 if any does not verify."""
+    """List the signed run records attached to a bundle and verify each; exits with the first failure's code if any does not verify."""
     from bundler.runrecord import attestations as find
 
     digest, records = find(store, parse_ref(ref), _trusted(key_paths))

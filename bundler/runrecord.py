@@ -252,6 +252,52 @@ class Recorder:
             return written
 
 
+class ServeRecords:
+    """Run records for `bundle serve --attest-key`: one per hour with requests in it, and one at shutdown.
+
+    Use: `records = ServeRecords(store, key, settings)`; pass `records.attach` as serve_bundle's `on_record`
+    (called once with the verify report and the loaded pair, it returns the per-request hook and starts the
+    hourly timer); call `records.close()` when serving has ended, which writes the last record.
+    """
+
+    def __init__(self, store: Store, private_key: keys.PrivateKey, settings: Mapping[str, Any] | None = None,
+                 interval_s: float = 3600.0) -> None:
+        self.store, self.private_key, self.settings, self.interval_s = store, private_key, dict(settings or {}), interval_s
+        self.recorder: Recorder | None = None
+        self.errors: list[BaseException] = []  # failures of the hourly writer: the server keeps serving
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    def attach(self, report: Any, pair: Any) -> Any:
+        """serve_bundle's `on_record`: the hook it calls after each request, `(stats, prompt_ids, text)`."""
+        loaded = {"tokenizer": {"fingerprint": pair.fingerprint}, "device": pair.device, "dtype": pair.dtype,
+                  "engine": getattr(pair, "engine", "torch")}
+        self.recorder = Recorder(self.store, Context.from_report("serve", report, loaded, self.settings), self.private_key)
+        self._timer = threading.Thread(target=self._hourly, name="specbundle-run-records", daemon=True)
+        self._timer.start()
+        recorder = self.recorder
+
+        def on_request(stats: Mapping[str, Any], _prompt_ids: Any = None, _text: str | None = None) -> None:
+            recorder.add(stats)  # counts only: serve records no prompt or output text
+
+        return on_request
+
+    def _hourly(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                assert self.recorder is not None
+                self.recorder.flush(if_empty=False)
+            except Exception as exc:  # noqa: BLE001 - a failed hourly record must not stop the server; close() tries again
+                self.errors.append(exc)
+
+    def close(self) -> Written | None:
+        """Stop the timer and write the record of the last window (also when it holds no request)."""
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join()
+        return self.recorder.flush() if self.recorder is not None else None
+
+
 # ---------------------------------------------------------------- finding and verifying
 
 

@@ -249,3 +249,36 @@ def test_records_travel_through_push_and_pull_and_verify_on_the_other_side(regis
     assert sorted(r["digest"] for r in rows) == sorted(w.record for w in written)
     assert all(r["verified"] and r["statement"]["subject"][0]["digest"]["sha256"] == digest[7:] for r in rows)
     assert [r["statement"]["predicate"]["started"] for r in rows] == sorted(r["statement"]["predicate"]["started"] for r in rows)
+
+
+def test_serve_records_write_a_record_per_busy_interval_and_one_at_shutdown(tree: Path, tmp_path: Path, keypair, other_keypair) -> None:
+    """serve's use (ServeRecords, serve_bundle's on_record): a timer writes a record for each interval with
+    requests (an idle one writes none), and close() writes the last window at shutdown."""
+    import time
+    from types import SimpleNamespace
+
+    from bundler.verify import verify_bundle
+
+    store = tmp_path / "store"
+    run_bundle("pack", str(tree), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    report = verify_bundle(Store(store), parse_ref(REF), _trusted(keypair[1]))
+    assert report.ok
+    loaded = SimpleNamespace(fingerprint="sha256:" + "cd" * 32, device="cpu", dtype="float32", engine="torch")  # what serve's pair says of itself
+    records = runrecord.ServeRecords(Store(store), load_private_key(other_keypair[0]), {"max_queue": 4}, interval_s=0.5)
+    on_request = records.attach(report, loaded)
+    on_request({"new_tokens": 3, "drafted": 4, "accepted": 2, "fallback": None}, [1, 2], "text")
+    on_request({"new_tokens": 5, "drafted": 4, "accepted": 4, "fallback": None}, [3], "more")
+    deadline = time.monotonic() + 10
+    while not records.recorder.written and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.2)  # two more intervals pass with no request: nothing written for them
+    assert len(records.recorder.written) == 1
+    on_request({"new_tokens": 1, "drafted": 0, "accepted": 0, "fallback": {"at_token": 0, "reason": "x"}})
+    last = records.close()
+    hourly, at_shutdown = records.recorder.written
+    assert last is at_shutdown and records.errors == []
+    assert hourly.statement["predicate"]["totals"] == {"requests": 2, "tokens": 8, "drafted": 8, "accepted": 6, "acceptance_rate": 0.75, "fallbacks": 0}
+    assert at_shutdown.statement["predicate"]["totals"]["requests"] == 1 and at_shutdown.statement["predicate"]["totals"]["fallbacks"] == 1
+    assert at_shutdown.statement["predicate"]["kind"] == "serve" and "text" not in json.dumps(at_shutdown.statement["predicate"]["totals"])
+    checks = _check(store, REF, _trusted(other_keypair[1]))
+    assert [c.digest for c in checks] == [hourly.record, at_shutdown.record] and all(c.verified for c in checks)
