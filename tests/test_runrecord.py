@@ -282,3 +282,19 @@ def test_serve_records_write_a_record_per_busy_interval_and_one_at_shutdown(tree
     assert at_shutdown.statement["predicate"]["kind"] == "serve" and "text" not in json.dumps(at_shutdown.statement["predicate"]["totals"])
     checks = _check(store, REF, _trusted(other_keypair[1]))
     assert [c.digest for c in checks] == [hourly.record, at_shutdown.record] and all(c.verified for c in checks)
+
+
+def test_rm_keeps_records_until_gc_removes_them_with_their_bundle(tree: Path, tmp_path: Path, keypair, other_keypair) -> None:
+    store = tmp_path / "store"
+    run_bundle("pack", str(tree), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    written = _record_without_a_model(store, REF, other_keypair[0])
+    _, manifest = Store(store).read_json_blob(_records(store)[0])
+    record_blobs = [written.record, manifest["layers"][0]["digest"]]
+    run_bundle("gc", "--store", str(store), check=True)  # the bundle is tagged: its record stays
+    assert [r.digest for r in _records(store)] == [written.record]
+    run_bundle("rm", REF, "--store", str(store), check=True)
+    assert [r.digest for r in _records(store)] == [written.record]  # rm removes the tag only
+    assert all(Store(store).has_blob(d) for d in record_blobs)
+    run_bundle("gc", "--store", str(store), check=True)
+    assert _records(store) == []
+    assert not any(Store(store).has_blob(d) for d in record_blobs)
