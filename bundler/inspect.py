@@ -65,6 +65,14 @@ def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_token
         "verification": {"ok": report.ok, "signer": report.signer, "error": report.error.line() if report.error else None},
         "size_bytes": sum(desc.size for _, desc in mk.layers),
     }
+    passed = {c.name for c in report.checks if c.ok}
+    if not {"manifest", "blobs", "roles"} <= passed:
+        # Files of a bundle whose integrity checks failed are hostile input: metadata only, never parsed.
+        # (An unsigned but intact bundle is read through the bounded metadata view below.)
+        why = "not read: the bundle did not verify"
+        out["tokenizer"] = {"fingerprint": None, "error": why}
+        out["models"] = {"error": why}
+        return out
     with tempfile.TemporaryDirectory(prefix="specbundle-inspect-") as tmp:
         view = Path(tmp)
         metadata_view(store, mk, view)

@@ -15,6 +15,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from bundler import boundedjson
 from bundler.errors import BundleError
 
 PRIVATE_KEY_NAME = "bundle.key"
@@ -94,13 +95,14 @@ def key_id(key: PublicKey | PrivateKey) -> str:
     return hashlib.sha256(public_key_pem(public_key)).hexdigest()
 
 
+MAX_KEY_FILE = 64 << 10  # a PEM key is a few hundred bytes
+
+
 def _read_key_file(path: Path, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError as err:
-        raise BundleError("missing-input", f"{what} {path} does not exist") from err
-    except OSError as err:
-        raise BundleError("key-error", f"cannot read {what} {path}: {err.strerror or err}") from err
+    """A key file's bytes: a regular file, bounded (a FIFO would hang, /dev/zero would never end)."""
+    if not os.path.lexists(path):
+        raise BundleError("missing-input", f"{what} {path} does not exist")
+    return boundedjson.read_regular(path, MAX_KEY_FILE, what, "key-error")
 
 
 def _require_p256(key: PublicKey | PrivateKey | object, path: Path, what: str) -> None:

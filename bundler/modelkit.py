@@ -53,12 +53,16 @@ def _strip_layer_info(config: Any) -> Any:
     return out
 
 
-def _entry_digest(config: dict[str, Any], spec: LayerSpec) -> str | None:
+def _entry(config: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
     if spec.section == "model":
-        return config["model"].get("digest")
+        return config["model"]
     if spec.section == "parts":
-        return config["model"]["parts"][spec.index].get("digest")
-    return config[spec.section][spec.index].get("digest")
+        return config["model"]["parts"][spec.index]
+    return config[spec.section][spec.index]
+
+
+def _entry_digest(config: dict[str, Any], spec: LayerSpec) -> str | None:
+    return _entry(config, spec).get("digest")
 
 
 def load_modelkit(store: Store, ref: Ref) -> ModelKit:
@@ -88,6 +92,10 @@ def load_modelkit(store: Store, ref: Ref) -> ModelKit:
         layer = by_digest.pop(digest, None) if isinstance(digest, str) else None
         if layer is None:
             raise BundleError("invalid-bundle", f"{ref}: no layer for {spec.role} entry {spec.path!r} (config digest {digest})")
+        diff_id = _entry(config, spec).get("diffId")
+        # Layers are uncompressed tars, so the digest of the uncompressed content IS the layer digest.
+        if diff_id is not None and diff_id != digest:
+            raise BundleError("invalid-bundle", f"{ref}: {spec.role} entry {spec.path!r} has diffId {str(diff_id)[:19]}… but its layer is {digest[:19]}… (uncompressed layers: they must be equal)")
         if layer_kind(layer.media_type) != spec.kind:
             raise BundleError("invalid-bundle", f"{ref}: layer for {spec.path!r} is a {layer_kind(layer.media_type)} layer, expected {spec.kind}")
         layers.append((spec, layer))

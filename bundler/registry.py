@@ -21,6 +21,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 import oras.auth
 import oras.auth.utils
 import requests
+import urllib3
 
 from bundler import boundedjson, credentials, runrecord, signature
 from bundler.errors import BundleError
@@ -45,7 +47,31 @@ Progress = Callable[[str, int], None]
 CHUNK = 64 << 20  # upload chunk (one PATCH): the unit an interrupted upload loses at most
 READ = 1 << 20  # streaming read size
 WORKERS = 4  # blobs in flight at once (hashlib and socket I/O release the GIL)
-CONNECT_TIMEOUT, READ_TIMEOUT = 10, 300
+CONNECT_TIMEOUT = 10
+
+
+def _env_number(name: str, default: float) -> float:
+    """A positive number from the environment (a bad value is a usage error, not a silent default)."""
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise BundleError("usage", f"${name} must be a number >= 0, not {text!r}")
+    return value
+
+
+# Bounds on a registry that stalls or trickles (each configurable): a read waits at most READ_TIMEOUT s;
+# after the first MIN_RATE_GRACE s a download must average at least MIN_RATE bytes/s; GET and HEAD are
+# retried RETRIES times on a 5xx or a dropped connection, with exponential backoff, then exit 5.
+READ_TIMEOUT = _env_number("BUNDLE_READ_TIMEOUT", 60)
+MIN_RATE = _env_number("BUNDLE_MIN_RATE", 10 << 10)
+MIN_RATE_GRACE = _env_number("BUNDLE_MIN_RATE_GRACE", 30)
+RETRIES = int(_env_number("BUNDLE_RETRIES", 3))
+BACKOFF = 0.25
 SIG_TYPE = signature.SIGSTORE_BUNDLE_MEDIA_TYPE
 MANIFEST_ACCEPT = f"{OCI_MANIFEST}, {OCI_INDEX}"
 
@@ -169,15 +195,7 @@ class Client:
             hdrs = dict(headers or {})
             if self._auth and self.is_registry(url):
                 hdrs["Authorization"] = self._auth
-            try:
-                resp = self._session().request(
-                    method, url, headers=hdrs, data=body() if body else None, params=params, stream=stream,
-                    timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), allow_redirects=True,
-                )
-            except requests.exceptions.SSLError as exc:
-                raise BundleError("registry-unreachable", f"TLS to {self.host} failed ({_reason(exc)}); for a plain-HTTP registry on loopback pass --plain-http") from None
-            except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
-                raise BundleError("registry-unreachable", f"cannot reach registry {self.host} ({_reason(exc)}) during {what}") from None
+            resp = self._send(method, url, hdrs, body, params, stream, what)
             # A challenge is answered only when the registry itself sent it, never a redirect target
             # (requests drops Authorization on a cross-host redirect; its 401 must not win it back).
             if resp.status_code == 401 and attempt < 2 and self.is_registry(resp.url) and self._answer(resp, hdrs.get("Authorization"), what):
@@ -187,6 +205,32 @@ class Client:
         if resp.status_code in ok or (not_found_ok and resp.status_code == 404):
             return resp
         self._fail(resp, what)
+        raise AssertionError("unreachable")
+
+    def _send(self, method: str, url: str, hdrs: dict[str, str], body: Callable[[], Any] | None, params: Mapping[str, str] | None, stream: bool, what: str) -> requests.Response:
+        """One request; GET and HEAD retried on a 5xx or a dropped connection (bounded, with backoff)."""
+        retries = RETRIES if method in ("GET", "HEAD") else 0
+        for n in range(retries + 1):
+            try:
+                resp = self._session().request(
+                    method, url, headers=hdrs, data=body() if body else None, params=params, stream=stream,
+                    timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), allow_redirects=True,
+                )
+            except requests.exceptions.SSLError as exc:
+                raise BundleError("registry-unreachable", f"TLS to {self.host} failed ({_reason(exc)}); for a plain-HTTP registry on loopback pass --plain-http") from None
+            except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+                if n < retries:
+                    time.sleep(BACKOFF * 2**n)
+                    continue
+                tries = f" after {retries + 1} tries" if retries else ""
+                raise BundleError("registry-unreachable", f"cannot reach registry {self.host} ({_reason(exc)}) during {what}{tries}") from None
+            except requests.exceptions.RequestException as exc:  # a redirect loop, a Location that is no URL
+                raise BundleError("registry", f"{self.host}: {what} failed ({type(exc).__name__})") from None
+            if resp.status_code >= 500 and n < retries:
+                resp.close()
+                time.sleep(BACKOFF * 2**n)
+                continue
+            return resp
         raise AssertionError("unreachable")
 
     def _fail(self, resp: requests.Response, what: str) -> None:
@@ -308,6 +352,8 @@ class _Uploader:
                 if err.code != "registry" or self.stop.is_set():  # else the old session was refused: start afresh
                     raise
         resp = self.client.request("POST", "/blobs/uploads/", what, ok=(202,), headers={"Content-Length": "0"})
+        if not resp.headers.get("Location"):
+            raise BundleError("registry", f"{self.client.host} answered 202 to {what} without a Location to upload to")
         self._send(desc, label, urllib.parse.urljoin(resp.url, resp.headers["Location"]), 0, state)
 
     def _send(self, desc: Descriptor, label: str, location: str, offset: int, state: Path) -> None:
@@ -508,8 +554,7 @@ def _run_all(jobs: list[Callable[[], None]], stop: threading.Event) -> None:
 def _get_manifest(client: Client, reference: str, what: str, expect: str | None = None) -> tuple[bytes, str, str]:
     """(bytes, digest, media type) of a manifest, its digest checked against `expect` (when pulling by digest)."""
     resp = client.request("GET", f"/manifests/{reference}", what, headers={"Accept": MANIFEST_ACCEPT}, stream=True)
-    with resp:
-        data = resp.raw.read(MAX_JSON_BLOB + 1, decode_content=True)
+    data = _read_body(resp, what)
     if len(data) > MAX_JSON_BLOB:
         raise BundleError("registry", f"{what}: the manifest is larger than {MAX_JSON_BLOB} bytes")
     digest = sha256_digest(data)
@@ -519,6 +564,15 @@ def _get_manifest(client: Client, reference: str, what: str, expect: str | None 
             raise BundleError("digest-mismatch", f"{what}: {name} {value}, the bytes served are {digest}")
     media_type = (resp.headers.get("Content-Type") or "").split(";")[0].strip()
     return data, digest, media_type
+
+
+def _read_body(resp: requests.Response, what: str, limit: int = MAX_JSON_BLOB) -> bytes:
+    """At most limit + 1 bytes of a response body (a JSON document); a connection cut short is exit 5."""
+    with resp:
+        try:
+            return resp.raw.read(limit + 1, decode_content=True)
+        except Exception as exc:  # urllib3 raises several kinds (IncompleteRead, ProtocolError, DecodeError)
+            raise BundleError("registry-unreachable", f"{what}: the connection broke while reading ({type(exc).__name__})") from None
 
 
 def _descriptor(item: Any, what: str, limit: int | None = None) -> Descriptor:
@@ -534,19 +588,17 @@ def _descriptor(item: Any, what: str, limit: int | None = None) -> Descriptor:
 def referrers(client: Client, digest: str, artifact_type: str = SIG_TYPE) -> list[Descriptor]:
     """Manifests whose subject is `digest`: the OCI 1.1 referrers API, else the `sha256-<hex>` fallback tag."""
     what = f"referrers of {digest[:19]}…"
-    resp = client.request("GET", f"/referrers/{digest}", what, headers={"Accept": OCI_INDEX}, params={"artifactType": artifact_type}, not_found_ok=True)
+    resp = client.request("GET", f"/referrers/{digest}", what, headers={"Accept": OCI_INDEX}, params={"artifactType": artifact_type}, not_found_ok=True, stream=True)
     index: Any = None
     if resp.status_code == 200 and resp.headers.get("Content-Type", "").startswith(OCI_INDEX):
-        index = resp.json()
+        index = boundedjson.loads(_read_body(resp, what), f"{what}: the referrers response", "registry")
     else:  # 404: no referrers API (docker-registry 2.8): the referrers tag schema
         resp.close()
-        got = client.request("GET", f"/manifests/{fallback_tag(digest)}", what, headers={"Accept": OCI_INDEX}, not_found_ok=True)
+        got = client.request("GET", f"/manifests/{fallback_tag(digest)}", what, headers={"Accept": OCI_INDEX}, not_found_ok=True, stream=True)
         if got.status_code == 404:
+            got.close()
             return []
-        try:
-            index = got.json()
-        except ValueError:
-            raise BundleError("registry", f"{what}: the fallback tag {fallback_tag(digest)} is not JSON") from None
+        index = boundedjson.loads(_read_body(got, what), f"{what}: the fallback tag {fallback_tag(digest)}", "registry")
     manifests = index.get("manifests") if isinstance(index, dict) else None
     if not isinstance(manifests, list):
         raise BundleError("registry", f"{what}: the referrers index lists no manifests")
@@ -622,7 +674,12 @@ class _Downloader:
                     h, have = hashlib.sha256(), 0
                 f.seek(have)
                 try:
-                    for data in resp.iter_content(READ):
+                    started = time.monotonic()
+                    # read1: returns what one socket read brings, so a trickle cannot hold us inside one read.
+                    while data := resp.raw.read1(READ):
+                        if time.monotonic() - started > MIN_RATE_GRACE and got / (time.monotonic() - started) < MIN_RATE:
+                            f.flush()
+                            raise BundleError("registry-unreachable", f"{what} from {self.client.host}: {got} bytes in {time.monotonic() - started:.0f} s, under the minimum rate of {MIN_RATE:.0f} bytes/s (BUNDLE_MIN_RATE, BUNDLE_MIN_RATE_GRACE); run the pull again to resume")
                         if self.stop.is_set():
                             raise BundleError("registry", f"{what}: stopped because another transfer failed")
                         if have + len(data) > desc.size:
@@ -633,7 +690,7 @@ class _Downloader:
                         got += len(data)
                         if self.progress:
                             self.progress(label, len(data))
-                except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+                except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError, OSError) as exc:
                     f.flush()
                     raise BundleError("registry-unreachable", f"connection to {self.client.host} broke during {what} ({_reason(exc)}); run the pull again to resume") from None
         f.flush()
@@ -687,10 +744,7 @@ def pull(
     manifest_bytes, digest, media_type = _get_manifest(client, ref.reference, f"manifest {ref}", expect=ref.digest)
     if media_type == OCI_INDEX:
         raise BundleError("invalid-bundle", f"{ref} is an image index, not a bundle manifest")
-    try:
-        manifest = json.loads(manifest_bytes)
-    except ValueError:
-        raise BundleError("invalid-bundle", f"{ref}: the manifest is not JSON") from None
+    manifest = boundedjson.loads(manifest_bytes, f"{ref}: the manifest")
     if not isinstance(manifest, dict) or manifest.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST:
         raise BundleError("invalid-bundle", f"{ref}: not an OCI image manifest")
     what = f"manifest {ref}"

@@ -25,6 +25,11 @@ class UnpackResult:
 
 
 def _check_dest(dest: Path) -> None:
+    for parent in dest.absolute().parents:  # the nearest existing ancestor must be a directory
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise BundleError("usage", f"{dest}: {parent} is not a directory")
+            break
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise BundleError("usage", f"{dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()):

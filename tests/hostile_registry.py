@@ -29,6 +29,7 @@ class Reply:
     body: bytes = b""
     trickle: float = 0.0  # seconds between bytes of the body (a slow-loris blob); 0: all at once
     drop: bool = False  # close the connection without answering
+    content_length: int | None = None  # announce this length instead of the body's (a body cut short)
 
 
 Route = Callable[[Seen, bytes], Reply]
@@ -60,7 +61,9 @@ class HostileServer:
                 self.send_response(reply.status)
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(reply.body)))
+                self.send_header("Content-Length", str(len(reply.body) if reply.content_length is None else reply.content_length))
+                if reply.content_length is not None:
+                    self.close_connection = True
                 self.end_headers()
                 if self.command == "HEAD":
                     return

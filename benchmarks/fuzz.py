@@ -1,0 +1,263 @@
+"""A seeded fuzz campaign over a signed bundle's store files: `bundle verify` must never crash, hang or pass.
+
+One tiny bundle is packed and signed once. Each case copies that store, changes one file the way a
+careless disk or a hostile store owner might (flip, truncate, extend, splice random bytes, empty it,
+replace it with a JSON nesting bomb, a JSON value of another type, a directory or a FIFO, or delete it),
+then runs `bundle verify --json` on it. Files: index.json, the bundle manifest, its config, a layer,
+the signature manifest, the Sigstore bundle, and the trusted public key file.
+
+Outcomes per case: `ok` (exit 0), `refused` (exit 2-6 with one `error: [code]` line), `crash` (exit 1 or
+an exception escaping main), `hang` (over the per-case time limit). A case passes when it is refused, or
+ok only where the change cannot matter (a key file or index.json edited to the same meaning); `ok` on a
+changed content-addressed blob (manifest, config, layer, signature) is counted as a bypass.
+
+Running each case as a CLI subprocess costs ~1 s of interpreter start-up on this machine, so the CLI's
+`main` runs in-process inside a few long-lived worker processes (fork), each case bounded by an address
+space limit in the worker and a wall-clock limit in the parent (the worker is killed and replaced on a hang).
+
+    .venv/bin/python benchmarks/fuzz.py [--cases 10000] [--seed 1] [--workers 2] [--timeout 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+REF = "fuzz-spec:1.0.0"
+TARGETS = ("index", "manifest", "config", "layer", "signature-manifest", "signature", "key")
+BLOBS = {"manifest", "config", "layer", "signature-manifest", "signature"}
+MUTATIONS = ("flip", "flips", "truncate", "extend", "splice", "empty", "bomb", "retype", "directory", "fifo", "delete", "zero-fill")
+MEMORY_LIMIT = 2 << 30  # per worker address space: a case that tries to exhaust memory fails inside it
+
+
+def build_base(root: Path) -> dict[str, Any]:
+    """Pack and sign the one bundle every case starts from; the paths of the files the cases change."""
+    from bundler.keys import generate_keypair
+    from bundletree import make_tree
+
+    make_tree(root / "ctx", name="fuzz-spec")
+    key, pub = generate_keypair(root / "keys")
+    store = root / "store"
+    code = _main(["pack", str(root / "ctx"), "-t", REF, "--key", str(key), "--store", str(store)])[0]
+    assert code == 0, "packing the base bundle failed"
+    index = json.loads((store / "index.json").read_text())
+    blobs = store / "blobs" / "sha256"
+    [tagged] = [m for m in index["manifests"] if "annotations" in m]
+    [sig] = [m for m in index["manifests"] if "artifactType" in m]
+    manifest = json.loads((blobs / tagged["digest"][7:]).read_text())
+    sig_manifest = json.loads((blobs / sig["digest"][7:]).read_text())
+    files = {
+        "index": "index.json",
+        "manifest": f"blobs/sha256/{tagged['digest'][7:]}",
+        "config": f"blobs/sha256/{manifest['config']['digest'][7:]}",
+        "layer": [f"blobs/sha256/{layer['digest'][7:]}" for layer in manifest["layers"]],
+        "signature-manifest": f"blobs/sha256/{sig['digest'][7:]}",
+        "signature": f"blobs/sha256/{sig_manifest['layers'][0]['digest'][7:]}",
+    }
+    return {"store": str(store), "pub": str(pub), "files": files}
+
+
+def _main(args: list[str]) -> tuple[int, str, str]:
+    """The CLI's main, in this process: (exit code, stdout, stderr)."""
+    from bundler.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main.main(args=args, prog_name="bundle")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:  # noqa: BLE001 - escaping main at all is a crash
+            return 1, out.getvalue(), f"escaped main: {type(exc).__name__}: {exc}"
+    return code, out.getvalue(), err.getvalue()
+
+
+def _mutate(path: Path, how: str, rng: random.Random) -> None:
+    data = path.read_bytes() if path.is_file() else b""
+    if how == "flip" and data:
+        i = rng.randrange(len(data))
+        data = data[:i] + bytes([data[i] ^ (1 << rng.randrange(8))]) + data[i + 1 :]
+    elif how == "flips" and data:
+        buf = bytearray(data)
+        for _ in range(rng.randint(2, 32)):
+            buf[rng.randrange(len(buf))] = rng.randrange(256)
+        data = bytes(buf)
+    elif how == "truncate":
+        data = data[: rng.randrange(len(data) + 1)]
+    elif how == "extend":
+        data = data + rng.randbytes(rng.randint(1, 4096))
+    elif how == "splice" and data:
+        i = rng.randrange(len(data))
+        data = data[:i] + rng.randbytes(rng.randint(1, 64)) + data[i + rng.randint(0, 64) :]
+    elif how == "empty":
+        data = b""
+    elif how == "bomb":
+        depth = rng.choice([100, 600, 5000, 200_000])
+        data = (b"[" * depth + b"]" * depth) if rng.random() < 0.5 else (b'{"a":' * depth + b"1" + b"}" * depth)
+    elif how == "retype":
+        data = rng.choice([b"[]", b"null", b"1e999", b'"x"', b'{"manifests": {}}', b'{"schemaVersion": 2, "subject": [], "layers": {}}', b"{" + b'"k":1,' * 50_000 + b'"k":2}'])
+    elif how == "zero-fill":
+        data = bytes(len(data))
+    if how == "delete":
+        path.unlink()
+    elif how == "directory":
+        path.unlink()
+        path.mkdir()
+    elif how == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    else:
+        os.chmod(path, 0o644)
+        path.write_bytes(data)
+
+
+def run_case(base: dict[str, Any], seed: int, case: int, work: Path) -> dict[str, Any]:
+    """One case: copy the base store, change one file, run verify; the outcome."""
+    rng = random.Random(seed * 1_000_003 + case)
+    target, how = rng.choice(TARGETS), rng.choice(MUTATIONS)
+    root = work / f"case-{case}"
+    store = root / "store"
+    shutil.copytree(base["store"], store)
+    pub = root / "bundle.pub"
+    shutil.copy(base["pub"], pub)
+    if target == "key":
+        path = pub
+    else:
+        rel = base["files"][target]
+        path = store / (rng.choice(rel) if isinstance(rel, list) else rel)
+    before = path.read_bytes()
+    _mutate(path, how, rng)
+    changed = not path.is_file() or path.read_bytes() != before
+    try:
+        code, out, err = _main(["verify", REF, "--json", "--key", str(pub), "--store", str(store)])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    lines = err.strip().splitlines()
+    if code == 0:
+        outcome = "bypass" if changed and target in BLOBS else "ok"
+    elif code == 1 or not lines or not lines[-1].startswith("error: ["):
+        outcome = "crash"
+    else:
+        outcome = "refused"
+    return {"case": case, "target": target, "mutation": how, "exit": code, "outcome": outcome, "error": lines[-1][:200] if lines else ""}
+
+
+def _worker(conn: Any, base: dict[str, Any], seed: int, work: str) -> None:
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    os.environ.pop("BUNDLE_TRUSTED_KEYS", None)
+    while True:
+        case = conn.recv()
+        if case is None:
+            return
+        try:
+            conn.send(run_case(base, seed, case, Path(work)))
+        except MemoryError:
+            conn.send({"case": case, "outcome": "crash", "error": "MemoryError outside main", "exit": 1})
+
+
+def campaign(cases: int, seed: int = 1, workers: int = 2, timeout: float = 20.0, progress: bool = False) -> dict[str, Any]:
+    """Run `cases` seeded cases on `workers` processes; the tally and every non-refused, non-ok case."""
+    ctx = mp.get_context("fork")
+    tmp = Path(tempfile.mkdtemp(prefix="specbundle-fuzz-"))
+    try:
+        base = build_base(tmp / "base")
+        work = tmp / "work"
+        work.mkdir()
+        started = time.perf_counter()
+        tally: Counter[str] = Counter()
+        by_error: Counter[str] = Counter()
+        bad: list[dict[str, Any]] = []
+        pending = list(range(cases))[::-1]
+        procs: list[dict[str, Any]] = []
+
+        def spawn() -> dict[str, Any]:
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(child, base, seed, str(work)), daemon=True)
+            p.start()
+            return {"proc": p, "conn": parent, "case": None, "since": 0.0}
+
+        procs = [spawn() for _ in range(max(1, workers))]
+        done = 0
+        while done < cases:
+            for slot in procs:
+                if slot["case"] is None and pending:
+                    slot["case"] = pending.pop()
+                    slot["since"] = time.perf_counter()
+                    slot["conn"].send(slot["case"])
+            for i, slot in enumerate(procs):
+                if slot["case"] is None:
+                    continue
+                if slot["conn"].poll(0.01):
+                    try:
+                        result = slot["conn"].recv()
+                    except EOFError:  # the worker died (killed by its memory limit): a crash
+                        result = {"case": slot["case"], "outcome": "crash", "error": "worker died", "exit": -1}
+                        procs[i] = spawn()
+                    tally[result["outcome"]] += 1
+                    if result["outcome"] == "refused":
+                        by_error[result["error"].split("]")[0] + "]"] += 1
+                    else:
+                        by_error["ok"] += result["outcome"] == "ok"
+                    if result["outcome"] not in ("refused", "ok"):
+                        bad.append(result)
+                    procs[i]["case"] = None
+                    done += 1
+                    if progress and done % 500 == 0:
+                        print(f"{done}/{cases} {dict(tally)} {time.perf_counter() - started:.0f}s", file=sys.stderr)
+                elif not slot["proc"].is_alive() or time.perf_counter() - slot["since"] > timeout:
+                    slot["proc"].kill()
+                    slot["proc"].join()
+                    tally["hang" if slot["proc"].exitcode in (-9, None) and time.perf_counter() - slot["since"] > timeout else "crash"] += 1
+                    bad.append({"case": slot["case"], "outcome": "hang", "error": f"over {timeout}s"})
+                    procs[i] = spawn()
+                    done += 1
+        for slot in procs:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                slot["conn"].send(None)
+            slot["proc"].join(timeout=5)
+            if slot["proc"].is_alive():
+                slot["proc"].kill()
+        seconds = time.perf_counter() - started
+        return {"cases": cases, "seed": seed, "workers": workers, "seconds": round(seconds, 1), "cases_per_second": round(cases / seconds, 1),
+                "outcomes": dict(tally), "errors": dict(by_error.most_common()), "bad": bad[:50]}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=20.0, help="seconds per case before it counts as a hang")
+    args = parser.parse_args()
+    result = campaign(args.cases, args.seed, args.workers, args.timeout, progress=True)
+    for name, count in sorted(result["outcomes"].items()):
+        print(f"{name:10} {count}")
+    print(f"{result['cases']} cases in {result['seconds']} s ({result['cases_per_second']}/s), seed {result['seed']}, {result['workers']} workers")
+    print(json.dumps(result))
+    if any(result["outcomes"].get(k) for k in ("crash", "hang", "bypass")):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
