@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -134,7 +135,7 @@ def keygen(store: Store, out_dir: str) -> None:
 @click.option("-f", "--file", "kitfile", type=click.Path(), help="Kitfile (default CONTEXT/Kitfile).")
 @click.option("-t", "--tag", "ref", required=True, help="Reference NAME[:TAG] to store the bundle under.")
 @click.option("--key", "key_path", type=click.Path(), help="Private key: sign the bundle too.")
-@click.option("--valid-days", default=365.0, show_default=True, help="How long the signature is valid.")
+@click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
 @command
 def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float) -> None:
     """Pack CONTEXT into a ModelKit in the store; the last line printed is the manifest digest."""
@@ -157,7 +158,7 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
 @main.command()
 @click.argument("ref")
 @click.option("--key", "key_path", required=True, type=click.Path(), help="Private key (PKCS#8 PEM).")
-@click.option("--valid-days", default=365.0, show_default=True, help="How long the signature is valid.")
+@click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
 @command
 def sign(store: Store, ref: str, key_path: str, valid_days: float) -> None:
     """Sign a bundle already in the store."""
@@ -361,43 +362,96 @@ def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_pat
         click.echo(f"signature: {signature_out}")
 
 
-def _format_stats(stats: dict[str, Any]) -> str:
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _format_stats(stats: dict[str, Any], timings: dict[str, Any] | None = None) -> str:
     lines = [
         f"{stats['new_tokens']} tokens in {stats.get('elapsed_s', 0):.2f} s: {stats['tokens_per_second']:.1f} tokens/s, "
         f"{stats['target_passes']} target passes",
-        f"acceptance {stats['acceptance_rate']:.2f} ({stats['accepted']}/{stats['drafted']} drafted), mean accepted length {stats['mean_accepted_length']:.2f}",
+        # Nothing is drafted when the answer ends before the first draft (--max-new-tokens 1): no rate to show.
+        f"acceptance {_rate(stats['acceptance_rate'])} ({stats['accepted']}/{stats['drafted']} drafted), mean accepted length {_rate(stats['mean_accepted_length'])}",
     ]
     per_pos = stats.get("per_position_acceptance")
     if per_pos:
-        lines.append("per position: " + " ".join(f"{a:.2f}" for a in per_pos))
+        lines.append("per position: " + " ".join(_rate(a) for a in per_pos))
     if stats.get("fallback"):
         fb = stats["fallback"]
         lines.append(f"fallback to plain decoding at token {fb.get('at_token')}: {fb.get('reason')}")
+    if timings:
+        names = ("verify_s", "extract_s", "load_s", "prefill_s", "decode_s", "first_token_s")
+        lines.append("timings: " + ", ".join(f"{n[:-2].replace('_', ' ')} {timings[n]:.2f} s" for n in names if isinstance(timings.get(n), (int, float))))
     return "\n".join(lines)
+
+
+_DEVICE = re.compile(r"^(cpu|cuda(:[0-9]+)?|mps)$")
+
+
+def _device(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not _DEVICE.match(value):
+        raise click.BadParameter(f"{value!r} is not a device: use cpu, cuda or cuda:N")
+    return value
+
+
+def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from bundler.sizes import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value, "--memory-budget")
+    except BundleError as err:
+        raise click.BadParameter(err.message.removeprefix("--memory-budget ")) from None
+
+
+def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """The prompt from --prompt TEXT, --prompt-file FILE, or stdin (`--prompt -`, or no --prompt when stdin is piped)."""
+    if prompt is not None and prompt_file is not None:
+        raise BundleError("usage", "give --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            text = Path(prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BundleError("missing-input", f"cannot read --prompt-file {prompt_file}: {getattr(exc, 'strerror', None) or exc}") from None
+        where = prompt_file
+    elif prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        text = sys.stdin.read()
+        where = "standard input"
+    elif prompt is None:
+        raise BundleError("usage", "no prompt: give --prompt TEXT, --prompt-file FILE, or pipe it on standard input")
+    else:
+        return prompt
+    text = text.removesuffix("\n")  # the newline an editor or `echo` adds is not part of the prompt
+    if not text.strip():
+        raise BundleError("usage", f"the prompt from {where} is empty")
+    return text
 
 
 @main.command()
 @click.argument("ref")
-@click.option("--prompt", required=True, help="The prompt (the chat template is applied unless --raw).")
+@click.option("--prompt", help="The prompt (the chat template is applied unless --raw); `-` reads standard input, as does no --prompt with piped input.")
+@click.option("--prompt-file", type=click.Path(dir_okay=False), help="Read the prompt from this file.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1, 1 << 20))
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0), help="0 is greedy.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
 @click.option("--seed", type=int, help="Seed for sampling (reproducible).")
 @click.option("--raw", is_flag=True, help="Skip the chat template.")
-@click.option("--device", help="cpu or cuda (default: cuda when available).")
+@click.option("--device", callback=_device, help="cpu, cuda or cuda:N (default: cuda when available).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
-@click.option("--memory-budget", type=click.IntRange(1), help="Bytes the pair may use (default: available memory).")
+@click.option("--memory-budget", callback=_memory_budget, help="What the pair may use, like 300MB or 2GiB (default: available memory).")
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--attest", "attest_key", type=click.Path(), help="Private key (P-256): sign a run record into the store when the run finishes.")
 @click.option("--attest-prompts", is_flag=True, help="With --attest: put the sha256 of the prompt and output in the record (never their text).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @command
-def run(store: Store, ref: str, prompt: str, key_paths: tuple[str, ...], as_json: bool, attest_key: str | None, attest_prompts: bool, **options: Any) -> None:
+def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key_paths: tuple[str, ...], as_json: bool, attest_key: str | None, attest_prompts: bool, **options: Any) -> None:
     """Verify the bundle and the tokenizer match, then decode speculatively (losslessly)."""
     from bundler.runbundle import run_bundle
 
     parsed = parse_ref(ref)
+    prompt = _read_prompt(prompt, prompt_file)
     if attest_prompts and not attest_key:
         raise BundleError("usage", "--attest-prompts needs --attest KEY")
     attest = keys.load_private_key(Path(attest_key), _password()) if attest_key else None  # fail before running
@@ -412,7 +466,7 @@ def run(store: Store, ref: str, prompt: str, key_paths: tuple[str, ...], as_json
         _emit(result)
     else:
         click.echo()
-        click.echo(_format_stats(result["stats"]), err=True)
+        click.echo(_format_stats(result["stats"], result.get("timings")), err=True)
         if result.get("attestation"):
             click.echo(f"run record {result['attestation']['digest']} signed by {result['attestation']['key_id'][:16]}…", err=True)
 
@@ -438,7 +492,7 @@ def _read_prompts(path: str) -> list[str]:
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Default: the bundle's.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20), help="Rounds over the prompts; speed-ups are their medians.")
-@click.option("--device", help="cpu or cuda (default: cuda when available).")
+@click.option("--device", callback=_device, help="cpu, cuda or cuda:N (default: cuda when available).")
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @command
