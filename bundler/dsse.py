@@ -128,7 +128,10 @@ def verify_signer(envelope: Envelope, trusted: Mapping[str, PublicKey], hint: st
         raise invalid(f"signature names key {hint[:12]}... but was made by trusted key {signer[:12]}...")
     if not signer:
         who = f"key {hint[:12]}..." if hint else "a key it does not name"
-        raise BundleError("untrusted-signer", f"signed by {who}, which is not trusted (pass --key or set BUNDLE_TRUSTED_KEYS)")
+        if not by_id:
+            raise BundleError("untrusted-signer", f"signed by {who}, and no key is trusted: pass the signer's public key with --key PUB or put it in $BUNDLE_TRUSTED_KEYS")
+        trusted_ids = ", ".join(f"{kid[:12]}..." for kid in sorted(by_id))
+        raise BundleError("untrusted-signer", f"signed by {who}, which is none of the trusted keys ({trusted_ids}): get the signer's public key and pass it with --key")
     return signer
 
 

@@ -129,7 +129,9 @@ def load_private_key(path: Path, password: bytes | None = None) -> PrivateKey:
     except ValueError as err:
         if password and b"ENCRYPTED" in data:
             raise BundleError("key-error", f"wrong password for private key {path} (BUNDLE_KEY_PASSWORD)") from err
-        raise BundleError("key-error", f"{path} is not a PEM private key: {err}") from err
+        if b"PUBLIC KEY" in data:
+            raise BundleError("key-error", f"{path} is a public key: signing needs the private key (the bundle.key `bundle keygen` wrote beside it)") from err
+        raise BundleError("key-error", f"{path} is not a PEM private key (expected a file like the bundle.key `bundle keygen` writes)") from err
     except Exception as err:  # cryptography raises UnsupportedAlgorithm and others for odd key types
         raise BundleError("key-error", f"cannot load private key {path}: {err}") from err
     _require_p256(key, path, "private key")
@@ -145,7 +147,9 @@ def load_public_key(path: Path) -> PublicKey:
     try:
         key = serialization.load_pem_public_key(data)
     except Exception as err:  # ValueError for bad PEM, UnsupportedAlgorithm for odd key types
-        raise BundleError("key-error", f"{path} is not a PEM public key: {err}") from err
+        if b"PRIVATE KEY" in data:
+            raise BundleError("key-error", f"{path} is a private key: --key takes the public key here (the bundle.pub beside it); never hand out the private key") from err
+        raise BundleError("key-error", f"{path} is not a PEM public key (expected a file like the bundle.pub `bundle keygen` writes)") from err
     _require_p256(key, path, "public key")
     return key  # type: ignore[return-value]
 

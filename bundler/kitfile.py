@@ -147,6 +147,26 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _friendly(error: jsonschema.ValidationError) -> str:
+    """A schema error as a user can act on it: no raw regular expressions or schema jargon."""
+    field = str(error.absolute_path[-1]) if error.absolute_path else ""
+    if error.validator == "pattern":
+        if field == "version":
+            return f"{error.instance!r} must be a version like 1.0.0"
+        return f"{error.instance!r} is not allowed here (see Kitfile.example for the form)"
+    if error.validator == "minItems" and field == "parts" and isinstance(error.instance, list):
+        present = {p.get("type") for p in error.instance if isinstance(p, dict)}
+        missing = [role for role in ("draft", "tokenizer") if role not in present]
+        if missing:
+            return "no " + " and no ".join(f"{r} part (add `- {{name: {r}, path: {r}/, type: {r}}}`)" for r in missing)
+        return f"needs at least {error.validator_value} parts: a draft and a tokenizer"
+    if error.validator in ("minItems", "minLength", "minProperties"):
+        return "must not be empty" if field else "is empty"
+    if error.validator == "required":
+        return error.message.replace("is a required property", "is missing")
+    return error.message
+
+
 def kitfile_from_data(data: Any, where: str = "Kitfile") -> Kitfile:
     """Validate an already-parsed Kitfile document (from YAML, or from a bundle's config)."""
     if not isinstance(data, dict):
@@ -157,7 +177,7 @@ def kitfile_from_data(data: Any, where: str = "Kitfile") -> Kitfile:
     if errors:
         first = errors[0]
         at = ".".join(str(p) for p in first.absolute_path) or "(top level)"
-        raise _invalid(where, f"{at}: {first.message}")
+        raise _invalid(where, f"{at}: {_friendly(first)}")
     try:
         KitopsKitfile(**data)  # the reference model of the format must accept it too
     except Exception as exc:  # pydantic's ValidationError, or TypeError from its setters

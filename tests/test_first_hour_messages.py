@@ -19,3 +19,49 @@ def test_valid_days_must_be_positive_for_pack_and_sign(tree: Path, store_dir: Pa
     s = run_bundle("sign", "tiny-spec:1.0.0", "--key", str(keypair[0]), "--valid-days", days, "--store", str(store_dir))
     assert s.code == 2 and s.err.startswith("error: [usage]") and "--valid-days" in s.err
     assert tree_digest(store_dir) == before
+
+
+@pytest.fixture
+def signed_store(tree: Path, store_dir: Path, keypair) -> Path:
+    run_bundle("pack", str(tree), "-t", "tiny-spec:1.0.0", "--key", str(keypair[0]), "--store", str(store_dir), check=True)
+    return store_dir
+
+
+def test_no_trusted_key_and_the_wrong_key_get_different_hints(signed_store: Path, keypair, other_keypair) -> None:
+    from bundler.keys import key_id, load_public_key
+
+    signer = key_id(load_public_key(keypair[1]))[:12]
+    other = key_id(load_public_key(other_keypair[1]))[:12]
+    none = run_bundle("verify", "tiny-spec:1.0.0", "--store", str(signed_store))
+    assert none.code == 3 and none.err.startswith("error: [untrusted-signer]")
+    assert signer in none.err and "no key is trusted" in none.err and "--key" in none.err
+    wrong = run_bundle("verify", "tiny-spec:1.0.0", "--key", str(other_keypair[1]), "--store", str(signed_store))
+    assert wrong.code == 3 and wrong.err.startswith("error: [untrusted-signer]")
+    assert signer in wrong.err and other in wrong.err and "none of the trusted keys" in wrong.err
+
+
+def test_a_private_key_or_a_readme_as_key_says_what_was_expected(signed_store: Path, keypair, tree: Path) -> None:
+    priv = run_bundle("verify", "tiny-spec:1.0.0", "--key", str(keypair[0]), "--store", str(signed_store))
+    assert priv.code == 3 and priv.err.startswith("error: [key-error]") and "is a private key" in priv.err and "bundle.pub" in priv.err
+    readme = run_bundle("verify", "tiny-spec:1.0.0", "--key", str(tree / "README.md"), "--store", str(signed_store))
+    assert readme.code == 3 and "is not a PEM public key (expected a file like the bundle.pub" in readme.err
+    assert "cryptography.io" not in readme.err
+    sign = run_bundle("sign", "tiny-spec:1.0.0", "--key", str(keypair[1]), "--store", str(signed_store))
+    assert sign.code == 3 and "is a public key: signing needs the private key" in sign.err
+
+
+def test_a_bad_version_says_what_a_version_looks_like(tree: Path, store_dir: Path) -> None:
+    kitfile = tree / "Kitfile"
+    kitfile.write_text(kitfile.read_text().replace("version: 1.0.0", "version: one"))
+    r = run_bundle("pack", str(tree), "-t", "tiny-spec:1.0.0", "--store", str(store_dir))
+    assert r.code == 6 and r.err.startswith("error: [invalid-kitfile]")
+    assert "'one' must be a version like 1.0.0" in r.err and "[0-9]" not in r.err
+    assert tree_digest(store_dir) == "absent"
+
+
+def test_a_missing_part_is_named_not_a_schema_message(tree: Path, store_dir: Path) -> None:
+    kitfile = tree / "Kitfile"
+    kitfile.write_text("\n".join(line for line in kitfile.read_text().splitlines() if "type: draft" not in line) + "\n")
+    r = run_bundle("pack", str(tree), "-t", "tiny-spec:1.0.0", "--store", str(store_dir))
+    assert r.code == 6 and r.err.startswith("error: [invalid-kitfile]")
+    assert "no draft part" in r.err and "too short" not in r.err
