@@ -131,7 +131,7 @@ def verify_signer(envelope: Envelope, trusted: Mapping[str, PublicKey], hint: st
         if not by_id:
             raise BundleError("untrusted-signer", f"signed by {who}, and no key is trusted: pass the signer's public key with --key PUB or put it in $BUNDLE_TRUSTED_KEYS")
         trusted_ids = ", ".join(f"{kid[:12]}..." for kid in sorted(by_id))
-        raise BundleError("untrusted-signer", f"signed by {who}, which is none of the trusted keys ({trusted_ids}): get the signer's public key and pass it with --key")
+        raise BundleError("untrusted-signer", f"signed by {who}, which is none of the trusted keys ({trusted_ids}): get the signer's public key and pass it with --key or put it in $BUNDLE_TRUSTED_KEYS")
     return signer
 
 
