@@ -217,24 +217,30 @@ def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int,
     if as_json:
         _emit(info)
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    console.print(f"[bold]{info['ref']}[/bold]  {info['digest']}")
-    table = Table("role", "path", "size", "digest")
-    for layer in info["layers"]:
-        table.add_row(layer["role"], layer["path"], f"{layer['size']:,}", layer["digest"][:19] + "…")
-    console.print(table)
+    # Plain lines, never wrapped or coloured: refs and digests stay whole for copying and for pipes.
+    click.echo(f"{info['ref']}  {info['digest']}")
+    rows = [("ROLE", "PATH", "SIZE", "DIGEST")] + [(layer["role"], layer["path"], f"{layer['size']:,}", layer["digest"]) for layer in info["layers"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     ver = info["verification"]
-    console.print(f"signer: {ver['signer'] or '-'}   verified: {'yes' if ver['ok'] else 'no: ' + str(ver['error'])}")
-    console.print(f"tokenizer: {info['tokenizer'].get('fingerprint')}")
+    if ver["ok"]:
+        click.echo(f"verified: yes, signed by {ver['signer'] or 'nobody (integrity only)'}")
+    else:
+        reason = str(ver["error"] or "").removeprefix("error: ")
+        click.echo(f"verified: no ({reason})")
+        click.echo(f"signer (claimed, not checked): {ver['signer'] or '-'}" if ver.get("signer") else "signer: -")
+    tok = info.get("tokenizer") or {}
+    if tok.get("fingerprint"):
+        click.echo(f"tokenizer: {tok['fingerprint']}")
+    else:
+        click.echo(f"tokenizer: unknown ({str(tok.get('error') or 'no tokenizer fingerprint').removeprefix('error: ')})")
     for role, m in info.get("models", {}).items():
         if isinstance(m, dict):
-            console.print(f"{role}: {m['parameters']:,} parameters")
+            click.echo(f"{role}: {m['parameters']:,} parameters")
     if "memory" in info:
         mem = info["memory"]
-        console.print(f"memory to run ({mem['dtype']}, {mem['max_tokens']} tokens): {mem['total_bytes'] / 2**20:,.0f} MiB")
+        click.echo(f"memory to run ({mem['dtype']}, {mem['max_tokens']} tokens): {mem['total_bytes'] / 2**20:,.0f} MiB")
 
 
 def _size(n: int) -> str:

@@ -65,3 +65,20 @@ def test_a_missing_part_is_named_not_a_schema_message(tree: Path, store_dir: Pat
     r = run_bundle("pack", str(tree), "-t", "tiny-spec:1.0.0", "--store", str(store_dir))
     assert r.code == 6 and r.err.startswith("error: [invalid-kitfile]")
     assert "no draft part" in r.err and "too short" not in r.err
+
+
+def test_inspect_piped_prints_whole_digests_and_a_clean_unverified_line(signed_store: Path, keypair) -> None:
+    from bundler.keys import key_id, load_public_key
+
+    r = run_bundle("inspect", "tiny-spec:1.0.0", "--store", str(signed_store))
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    manifest = (signed_store / "index.json").read_text()
+    assert lines[0].startswith("tiny-spec:1.0.0  sha256:") and lines[0].split()[1][7:] in manifest
+    assert all("\x1b[" not in line for line in lines)  # no colour codes
+    assert any(line.startswith("target ") and len(line.split()[-1]) == 71 for line in lines)  # a whole digest
+    verified = next(line for line in lines if line.startswith("verified:"))
+    assert verified.startswith("verified: no ([untrusted-signer]") and "error:" not in verified
+    assert not any(line == "tokenizer: None" for line in lines)
+    ok = run_bundle("inspect", "tiny-spec:1.0.0", "--key", str(keypair[1]), "--store", str(signed_store)).out
+    assert f"verified: yes, signed by {key_id(load_public_key(keypair[1]))}" in ok
