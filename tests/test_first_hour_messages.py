@@ -82,3 +82,14 @@ def test_inspect_piped_prints_whole_digests_and_a_clean_unverified_line(signed_s
     assert not any(line == "tokenizer: None" for line in lines)
     ok = run_bundle("inspect", "tiny-spec:1.0.0", "--key", str(keypair[1]), "--store", str(signed_store)).out
     assert f"verified: yes, signed by {key_id(load_public_key(keypair[1]))}" in ok
+
+
+def test_kitfile_example_does_not_collide_with_the_demo_bundle() -> None:
+    import yaml
+
+    from bundler.kitfile import kitfile_from_data
+
+    root = Path(__file__).parent.parent
+    example = kitfile_from_data(yaml.safe_load((root / "Kitfile.example").read_text()), "Kitfile.example")
+    demo = kitfile_from_data(yaml.safe_load((root / "demo" / "Kitfile").read_text()), "demo/Kitfile")
+    assert example.name != demo.name
