@@ -111,7 +111,7 @@ def verify_bundle(
             report.files.update(scan.files)
             report.tokenizer_hashes.update(scan.small_hashes)
         check("roles", lambda: _roles(mk, scans))
-        check("tokenizer-files", lambda: _tokenizer_files(mk, report.tokenizer_hashes))
+        check("tokenizer-files", lambda: _tokenizer_files(store, mk, report.tokenizer_hashes))
         if allow_unsigned:
             report.unsigned = True
             report.checks.append(Check("signature", True, "skipped (--allow-unsigned): integrity checked, origin NOT verified"))
@@ -172,20 +172,54 @@ def _roles(mk: ModelKit, scans: Mapping[str, LayerScan]) -> tuple[None, str]:
     return None, ", ".join(f"{r}={p}" for r, p in roles.items()) + f"; weights are {kind}"
 
 
-def _tokenizer_files(mk: ModelKit, hashes: Mapping[str, str]) -> tuple[None, str]:
-    """Where target or draft carry tokenizer files too, each must equal the tokenizer role's file."""
+def _tokenizer_files(store: Store, mk: ModelKit, hashes: Mapping[str, str]) -> tuple[None, str]:
+    """Where target or draft carry tokenizer files too, each must mean the same as the tokenizer role's.
+
+    Equal bytes pass at once. Otherwise the tokenizer gate judges the meaning (CONTRACT.md section 1): a
+    difference that changes token ids is refused with its field-by-field message; another chat template or
+    other formatting passes.
+    """
     roots = {spec.role: spec.path for spec, _ in mk.layers}
     reference = {posixpath.relpath(p, roots["tokenizer"]): h for p, h in hashes.items() if p.startswith(roots["tokenizer"] + "/")}
     compared = 0
+    differing: list[str] = []
     for role in MODEL_ROLES:
         for path, digest in hashes.items():
             if not path.startswith(roots[role] + "/"):
                 continue
             name = posixpath.relpath(path, roots[role])
-            if name in reference and reference[name] != digest:
-                raise BundleError("tokenizer-mismatch", f"{role}'s {name} differs from the tokenizer role's {name}")
+            if name in reference and reference[name] != digest and role not in differing:
+                differing.append(role)
             compared += name in reference
-    return None, f"{len(reference)} tokenizer files; {compared} copies in model roles identical"
+    if not differing:
+        return None, f"{len(reference)} tokenizer files; {compared} copies in model roles identical"
+    _judge_tokenizer_copies(store, mk, ["tokenizer", *differing])
+    return None, f"{len(reference)} tokenizer files; copies in {', '.join(differing)} differ in bytes but tokenize identically"
+
+
+def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> None:
+    """Extract only the tokenizer files of `roles` (small) into a temp dir and run the tokenizer gate on them."""
+    import tempfile
+    from pathlib import Path
+
+    from bundler.layerread import TOKENIZER_FILES
+    from bundler.tarlayer import iter_layer
+    from runner.tokenizer_gate import check_tokenizers  # torch-free
+
+    with tempfile.TemporaryDirectory(prefix="specbundle-tok-") as tmp:
+        dirs: dict[str, Path] = {}
+        for spec, desc in mk.layers:
+            if spec.role not in roles:
+                continue
+            out = Path(tmp) / spec.role
+            out.mkdir()
+            dirs[spec.role] = out
+            with open(store.blob_path(desc.digest), "rb") as f:
+                for member, content in iter_layer(f, spec.path):
+                    rel = posixpath.relpath(member.name, spec.path)
+                    if member.kind == "file" and content is not None and "/" not in rel and rel in TOKENIZER_FILES:
+                        (out / rel).write_bytes(content.read())
+        check_tokenizers(dirs)
 
 
 # Candidate signatures looked at per bundle: anyone able to attach referrers in a registry can attach
