@@ -374,7 +374,15 @@ def test_signature_payload_nesting_bomb_is_invalid_and_inspect_survives_it(attac
 def test_expired_signature_is_refused(attack: Attack) -> None:
     ctx = attack.base.contexts[REF]
     fresh = attack.tmp / "fresh-store"
-    run_bundle("pack", str(ctx), "-t", REF, "--key", str(attack.base.key), "--valid-days", "-1", "--store", str(fresh), check=True)
+    # The CLI refuses --valid-days <= 0 now, so the expired signature is made with the library, as an attacker could.
+    from bundler.keys import load_private_key
+    from bundler.modelkit import load_modelkit
+    from bundler.refs import parse_ref
+    from bundler.sign import sign_modelkit
+    from bundler.store import Store
+
+    run_bundle("pack", str(ctx), "-t", REF, "--store", str(fresh), check=True)
+    sign_modelkit(Store(fresh), load_modelkit(Store(fresh), parse_ref(REF)), load_private_key(attack.base.key), valid_days=-1)
     attack.store = fresh
     attack.refused("expired", INTEGRITY, unpack=True)
 
