@@ -563,14 +563,23 @@ def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ..
             raise BundleError("usage", f"--api-key-file {api_key_file}: cannot read it ({type(exc).__name__})") from None
         if not api_key:
             raise BundleError("usage", f"--api-key-file {api_key_file} is empty")
-    if attest_key:  # the run-record hook of serve belongs to the run-records work (issue #19)
-        raise BundleError("usage", "--attest-key is not available for serve yet")
+    records = None
+    if attest_key:  # run records: one per busy hour and one at shutdown (bundler.runrecord.ServeRecords)
+        from bundler.runrecord import ServeRecords
+
+        settings = {"max_queue": max_queue, "time_limit_s": time_limit, **options}
+        records = ServeRecords(store, keys.load_private_key(Path(attest_key), _password()), settings)
 
     def ready(info: dict[str, Any]) -> None:
         click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
 
-    serve_bundle(store, parse_ref(ref), _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
-                 time_limit_s=time_limit, on_ready=ready, **options)
+    try:
+        serve_bundle(store, parse_ref(ref), _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
+                     time_limit_s=time_limit, on_ready=ready, on_record=records.attach if records else None, **options)
+    finally:
+        written = records.close() if records else None
+        if written:
+            click.echo(f"run record {written.record} signed by {written.key_id[:16]}…", err=True)
 
 
 @main.command()
