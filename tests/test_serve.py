@@ -19,7 +19,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
+from tokenizers import Tokenizer
 
 from bundler.keys import key_id, load_public_key
 from bundler.modelkit import load_modelkit
@@ -28,6 +30,7 @@ from bundler.runbundle import run_bundle as run_in_process
 from bundler.store import Store
 from conftest import run_bundle
 from tests.tinymodels import make_pair
+from transformers import AutoModelForCausalLM
 
 REF = "tiny-spec:1.0.0"
 PROMPTS = ["hello there", "what is a draft?", "one two three", "the quick fox", "lossless decoding", "a b c d", "tokens", "why"]
@@ -283,6 +286,43 @@ def _distinct_pixel_bytes(png: bytes) -> int:
             data += png[pos + 8 : pos + 8 + length]
         pos += 12 + length
     return len(set(zlib.decompress(data)))
+
+
+@pytest.fixture(scope="module")
+def moody(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]):
+    """A draft that is the target except for the letter z, whose input embedding is scrambled (both models'
+    output heads untied, so the head is the same): it agrees on every prompt without a z, on none of z's."""
+    base = tmp_path_factory.mktemp("serve-moody")
+    paths = make_pair(base / "ctx", speculative={"draft_tokens": 3, "min_acceptance": 0.5, "min_size_ratio": 1, "guard": False})
+    model = AutoModelForCausalLM.from_pretrained(paths["target"])
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    shutil.rmtree(paths["target"])
+    model.save_pretrained(paths["target"], safe_serialization=True)
+    z = Tokenizer.from_file(str(paths["tokenizer"] / "tokenizer.json")).encode("z").ids[-1]
+    with torch.no_grad():
+        model.model.embed_tokens.weight[z] = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(1)) * 50
+    shutil.rmtree(paths["draft"])
+    model.save_pretrained(paths["draft"], safe_serialization=True)
+    store = base / "store"
+    run_bundle("pack", str(base / "ctx"), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    srv = Server(store, keypair[1])
+    yield srv
+    srv.stop()
+
+
+def test_health_turns_degraded_and_back_to_ok_as_the_draft_stops_and_starts_agreeing(moody: Server) -> None:
+    client, health = moody.client(), lambda: httpx.get(moody.url + "/health").json()
+    client.completions.create(model=REF, prompt="hello there", max_tokens=8, temperature=0)
+    assert health()["status"] == "ok"
+    for _ in range(3):
+        client.completions.create(model=REF, prompt="zzzz zzzz", max_tokens=8, temperature=0)
+    degraded = health()
+    assert degraded["status"] == "degraded" and degraded["acceptance_rate"] < 0.5 and degraded["reason"]
+    for prompt in PROMPTS * 2:  # a full window of requests the draft agrees on
+        client.completions.create(model=REF, prompt=prompt, max_tokens=8, temperature=0)
+    recovered = health()
+    assert recovered["status"] == "ok" and recovered["reason"] is None and recovered["acceptance_rate"] >= 0.5
 
 
 def test_a_wrong_or_missing_api_key_is_401(agreeing: Server) -> None:
