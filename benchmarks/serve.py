@@ -6,7 +6,7 @@
 - time to first token of a streamed request (client side, from sending to the first text chunk);
 - throughput with 4 concurrent clients (all completion tokens over the wall time).
 
-    python benchmarks/serve.py [--ref demo-spec:1.0.0] [--store demo/work/store] [--key demo/work/keys/bundle.pub]
+    python benchmarks/serve.py [--ref smollm2-spec:1.0.0] [--store demo/work/store] [--key demo/work/keys/bundle.pub]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _stream(url: str, ref: str, prompt: str, max_tokens: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ref", default="demo-spec:1.0.0")
+    ap.add_argument("--ref", default="smollm2-spec:1.0.0")
     ap.add_argument("--store", default="demo/work/store")
     ap.add_argument("--key", default="demo/work/keys/bundle.pub")
     ap.add_argument("--prompts", default="benchmarks/prompts.jsonl")
