@@ -547,7 +547,7 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
 @click.option("--device", help="cpu or cuda (default: cuda when available).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
-@click.option("--memory-budget", type=click.IntRange(1), help="Bytes the pair may use (default: available memory).")
+@click.option("--memory-budget", callback=_memory_budget, help="Memory the pair may use: 300MB, 2GiB or bytes (default: available memory).")
 @click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
 @command
 def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,

@@ -340,18 +340,20 @@ def test_health_is_ok_with_a_draft_that_agrees(agreeing: Server) -> None:
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(agreeing: Server) -> None:
-    result: dict = {}
-
-    def ask() -> None:
-        result["r"] = httpx.post(agreeing.url + "/v1/completions", headers=agreeing.auth(), timeout=120,
-                                 json={"prompt": "hello", "max_tokens": 48, "temperature": 0, "stop": None})
-    thread = threading.Thread(target=ask)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not httpx.get(agreeing.url + "/status.json", headers=agreeing.auth()).json()["live"]["busy"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    # SIGTERM is sent once the first streamed token has arrived, so the request is in flight by construction
+    # (a poll of /status.json could miss a short request altogether on a loaded machine).
+    lines: list[str] = []
+    with httpx.stream("POST", agreeing.url + "/v1/completions", headers=agreeing.auth(), timeout=120,
+                      json={"prompt": "hello", "max_tokens": 256, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line[len("data: "):])
+                if len(lines) == 1:
+                    agreeing.proc.send_signal(signal.SIGTERM)
+    assert lines[-1] == "[DONE]"  # the stream was finished, not cut
+    usage = [json.loads(x)["usage"] for x in lines[:-1] if json.loads(x).get("usage")]
+    assert usage and usage[-1]["completion_tokens"] > 0
     assert agreeing.stop() == 0
-    thread.join(60)
-    assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] > 0
     assert "s3cret" not in agreeing.proc.stderr.read()  # the API key is never logged
