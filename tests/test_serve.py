@@ -357,3 +357,19 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(agreeing: Server) -
     assert usage and usage[-1]["completion_tokens"] > 0
     assert agreeing.stop() == 0
     assert "s3cret" not in agreeing.proc.stderr.read()  # the API key is never logged
+
+
+def test_serve_with_attest_key_leaves_a_signed_record_of_the_served_requests(tmp_path: Path, keypair, other_keypair) -> None:
+    store = _pack(tmp_path, keypair)
+    srv = Server(store, keypair[1], "--attest-key", str(other_keypair[0]))
+    try:
+        usages = [srv.client().completions.create(model=REF, prompt=p, max_tokens=6, temperature=0).usage for p in PROMPTS[:2]]
+    finally:
+        assert srv.stop() == 0
+    out = run_bundle("attestations", REF, "--key", str(other_keypair[1]), "--store", str(store), "--json", check=True)
+    records = json.loads(out.out)
+    assert len(records) == 1 and records[0]["verified"] and records[0]["signer"]["key_id"] == key_id(load_public_key(other_keypair[1]))
+    predicate = records[0]["statement"]["predicate"]
+    assert predicate["kind"] == "serve" and predicate["totals"]["requests"] == 2
+    assert predicate["totals"]["tokens"] == sum(u.completion_tokens for u in usages)
+    assert records[0]["statement"]["subject"][0]["digest"]["sha256"] == load_modelkit(Store(store), parse_ref(REF)).digest.split(":", 1)[1]
