@@ -1,0 +1,267 @@
+"""`bundle init`: a bundle context from two model directories as downloaded, checked as `run` would check it.
+
+The context is built in a hidden temp directory beside CONTEXT and renamed into place only when the Kitfile
+validates and the pair passes the checks `bundle run` makes before loading any weights (the tokenizer gate,
+config agreement, the pairing policy): a refused pair leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from bundler.errors import BundleError
+from bundler.kitfile import Kitfile, load_kitfile, pickle_files
+from bundler.layerread import TOKENIZER_FILES, LayerScan
+
+# The settings of the README's decoding benchmark (demo/Kitfile): what the measured speed-up used.
+DEFAULT_SPECULATIVE: dict[str, Any] = {
+    "draft_tokens": 4,
+    "adaptive": False,
+    "draft_confidence": 0.3,
+    "min_acceptance": 0.1,
+    "min_size_ratio": 4,
+}
+DEFAULT_VERSION = "1.0.0"
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+DTYPES = ("float32", "bfloat16", "float16")  # what the Kitfile schema's model.parameters.dtype allows
+# The Kitfile schema's patterns for package.name and package.version (schemas/kitfile.schema.json).
+NAME_PATTERN = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
+VERSION_PATTERN = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$")
+MAX_NAME = 128
+
+
+@dataclass(frozen=True)
+class RoleFiles:
+    """What init put in one role directory of the context."""
+
+    role: str
+    source: Path
+    files: int
+    bytes: int
+    linked: int  # hard links to the source files
+    copied: int  # copies, where a link was not possible (another file system, a file not ours)
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """The context written, its Kitfile's name and version, and what the checks found."""
+
+    context: Path
+    kitfile: Kitfile
+    roles: list[RoleFiles]
+    fingerprint: str
+    pairing: dict[str, Any]
+    dtype: str | None
+    skipped: list[str] = field(default_factory=list)  # hidden entries of the sources left out (.git, .cache)
+
+    @property
+    def name(self) -> str:
+        return self.kitfile.name
+
+    @property
+    def version(self) -> str:
+        return self.kitfile.version
+
+
+def sanitise_name(raw: str) -> str:
+    """A directory name as a Kitfile package name: lower case, separators [._-] between runs of [a-z0-9]."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", raw.lower())
+    name = re.sub(r"[._-]*([._-])[._-]*", r"\1", name)  # a run of separators becomes its middle one
+    return name.strip("._-")[:MAX_NAME].rstrip("._-")
+
+
+def _source_dir(path: Path, flag: str) -> Path:
+    if not path.is_dir():
+        raise BundleError("missing-input", f"{flag} {path}: not a directory")
+    return path
+
+
+def _source_files(directory: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(relative name, real file) for every file under a download directory, and the hidden entries left out.
+
+    Symlinks are followed (a Hugging Face cache snapshot is links into its blobs/), since a context holds
+    regular files only; hidden entries (.git, .cache/huggingface, .gitattributes) are no part of the model.
+    """
+    found: list[tuple[str, Path]] = []
+    skipped: list[str] = []
+    seen: set[str] = set()
+    for top, dirs, files in os.walk(directory, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:  # a directory link loop
+            dirs[:] = []
+            continue
+        seen.add(real)
+        rel_top = Path(top).relative_to(directory)
+        for d in sorted(dirs):
+            if d.startswith("."):
+                skipped.append(str(rel_top / d))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            rel = str(rel_top / name)
+            if name.startswith("."):
+                skipped.append(rel)
+                continue
+            src = Path(os.path.realpath(Path(top) / name))
+            try:
+                mode = src.stat().st_mode
+            except OSError:
+                raise BundleError("missing-input", f"{directory / rel}: a link to nothing") from None
+            if not stat.S_ISREG(mode):
+                raise BundleError("invalid-bundle", f"{directory / rel} is not a regular file: only regular files are packed")
+            found.append((rel, src))
+    return found, skipped
+
+
+def _place(files: list[tuple[str, Path]], dest: Path, role: str, source: Path) -> RoleFiles:
+    """Hard-link each file into dest (a copy where the file system refuses a link)."""
+    linked = copied = size = 0
+    for rel, src in files:
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, out)  # weights are gigabytes: a link costs nothing, and pack only reads them
+            linked += 1
+        except OSError:  # another device (EXDEV), or not our file under fs.protected_hardlinks (EPERM)
+            shutil.copyfile(src, out)
+            copied += 1
+        size += out.stat().st_size
+    dest.mkdir(parents=True, exist_ok=True)
+    return RoleFiles(role, source, len(files), size, linked, copied)
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise BundleError("invalid-bundle", f"{model_dir} has no config.json: is it a Hugging Face model directory?")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise BundleError("invalid-bundle", f"{path} is not JSON ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise BundleError("invalid-bundle", f"{path} is not a JSON object")
+    return data
+
+
+def config_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype a config.json names (`dtype`, or `torch_dtype` before transformers 5), if the schema allows it."""
+    value = config.get("dtype") or config.get("torch_dtype")
+    return value if value in DTYPES else None
+
+
+def kitfile_text(name: str, version: str, model_name: str, description: str, dtype: str | None, speculative: dict[str, Any]) -> str:
+    """The Kitfile of CONTRACT.md section 1 for a context laid out by init (JSON scalars are YAML)."""
+    spec = ", ".join(f"{k}: {json.dumps(v)}" for k, v in speculative.items())
+    dtype_line = f"    dtype: {dtype}\n" if dtype else ""
+    return f"""manifestVersion: 1.0.0
+package:
+  name: {name}
+  version: {json.dumps(version)}
+  description: {json.dumps(description)}
+model:
+  name: {json.dumps(model_name)}
+  path: target/
+  framework: transformers
+  parts:
+    - {{name: draft, path: draft/, type: draft}}
+    - {{name: tokenizer, path: tokenizer/, type: tokenizer}}
+  parameters:
+{dtype_line}    speculative: {{{spec}}}
+"""
+
+
+def check_context(context: Path, kitfile: Kitfile) -> tuple[str, dict[str, Any]]:
+    """The checks verify and run make that need no store and no weights loaded, on a context directory.
+
+    verify's roles check (over the context's files instead of layer scans), then runner.run.preflight: pickle
+    weights, config.json validity, the tokenizer gate, config agreement, pairing, the draft vocabulary.
+    Returns (tokenizer fingerprint, pairing); raises the BundleError run would raise.
+    """
+    from bundler.runbundle import runner_params
+    from bundler.verify import _roles
+    from runner.run import preflight
+
+    scans = {spec.path: LayerScan(files={str(p.relative_to(context)): p.stat().st_size for p in (context / spec.path).rglob("*") if p.is_file()})
+             for spec in kitfile.layers}
+    _roles(SimpleNamespace(layers=[(spec, None) for spec in kitfile.layers]), scans)  # type: ignore[arg-type]
+    checked = preflight(context, kitfile.role_paths(), runner_params(kitfile.parameters))
+    return checked["fingerprint"], checked["pairing"]
+
+
+def init_context(
+    target: Path,
+    draft: Path,
+    out: Path,
+    tokenizer: Path | None = None,
+    name: str | None = None,
+    version: str | None = None,
+) -> InitResult:
+    """Lay out CONTEXT (target/, draft/, tokenizer/, Kitfile) from two downloaded model directories and check it.
+
+    The tokenizer files come from `tokenizer`, else from the target directory. Nothing is left at `out`
+    unless every check passes.
+    """
+    target, draft = _source_dir(target, "--target"), _source_dir(draft, "--draft")
+    tok_source = _source_dir(tokenizer, "--tokenizer") if tokenizer is not None else target
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError("usage", f"-o {out}: exists and is not an empty directory; init writes a new context")
+    version = version or DEFAULT_VERSION
+    if not VERSION_PATTERN.match(version):
+        raise BundleError("usage", f"--version {version!r} must be a version like 1.0.0")
+    model_name = sanitise_name(target.resolve().name)
+    name = name if name is not None else model_name
+    if not NAME_PATTERN.match(name) or len(name) > MAX_NAME:
+        hint = "" if name else f" (none could be made from the directory name {target.resolve().name!r})"
+        raise BundleError("usage", f"--name {name!r}: a package name is lower-case letters and digits, "
+                          f"separated by single '.', '_' or '-'{hint}")
+
+    sources = {"target": _source_files(target), "draft": _source_files(draft)}
+    for role, (files, _) in sources.items():
+        found = pickle_files([rel for rel, _ in files])
+        if found:  # refused before anything is linked or copied
+            raise BundleError("pickle-weights", f"{role} {(target if role == 'target' else draft) / found[0]} holds "
+                              "pickle-based weights: remove it (keep the *.safetensors) or download safetensors only")
+    tok_files = [(n, p) for n, p in _source_files(tok_source)[0] if "/" not in n and n in TOKENIZER_FILES]
+    if not any(n == "tokenizer.json" for n, _ in tok_files):
+        where = "--tokenizer" if tokenizer is not None else "--target"
+        raise BundleError("missing-input", f"{where} {tok_source} has no tokenizer.json: give --tokenizer DIR with the "
+                          "target's tokenizer.json (and tokenizer_config.json)")
+
+    dtype = config_dtype(_read_config(target))
+    speculative = dict(DEFAULT_SPECULATIVE)
+    if (draft / DRAFT_VOCAB_FILE).is_file():  # the draft scores only these ids (runner/draft_vocab.py)
+        speculative["draft_vocab"] = DRAFT_VOCAB_FILE
+    description = f"{target.resolve().name} (target) with {draft.resolve().name} (draft)"
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.init-", dir=out.parent))
+    try:
+        roles = [
+            _place(sources["target"][0], staging / "target", "target", target),
+            _place(sources["draft"][0], staging / "draft", "draft", draft),
+            _place(tok_files, staging / "tokenizer", "tokenizer", tok_source),
+        ]
+        (staging / "Kitfile").write_text(kitfile_text(name, version, model_name, description, dtype, speculative), encoding="utf-8")
+        kitfile = load_kitfile(staging)  # the schema, the kitops model, every path, no pickle: as pack checks
+        fingerprint, pairing = check_context(staging, kitfile)
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp made it 0700; a context is an ordinary directory
+        os.rename(staging, out)  # replaces an empty directory; atomic on one file system
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    skipped = sources["target"][1] + sources["draft"][1]
+    return InitResult(out, kitfile, roles, fingerprint, pairing, dtype, skipped)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
