@@ -211,6 +211,8 @@ def init_context(
     """
     target, draft = _source_dir(target, "--target"), _source_dir(draft, "--draft")
     tok_source = _source_dir(tokenizer, "--tokenizer") if tokenizer is not None else target
+    if out.name in ("", ".", ".."):  # `-o .`: the staging directory goes beside the real directory
+        out = out.resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError("usage", f"-o {out}: exists and is not an empty directory; init writes a new context")
     version = version or DEFAULT_VERSION
@@ -253,12 +255,30 @@ def init_context(
         kitfile = load_kitfile(staging)  # the schema, the kitops model, every path, no pickle: as pack checks
         fingerprint, pairing = check_context(staging, kitfile)
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp made it 0700; a context is an ordinary directory
-        os.rename(staging, out)  # replaces an empty directory; atomic on one file system
+        _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     skipped = sources["target"][1] + sources["draft"][1]
     return InitResult(out, kitfile, roles, fingerprint, pairing, dtype, skipped)
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename the staged context to `out`. An empty directory already there (maybe the shell's cwd, which a
+    rename over it would orphan) gets the staged entries instead, the Kitfile last; a failure takes them back."""
+    if not out.exists():
+        os.rename(staging, out)  # atomic on one file system
+        return
+    moved: list[Path] = []
+    try:
+        for entry in sorted(staging.iterdir(), key=lambda p: p.name == "Kitfile"):
+            os.rename(entry, out / entry.name)
+            moved.append(out / entry.name)
+        staging.rmdir()
+    except BaseException:
+        for path in moved:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        raise
 
 
 def _umask() -> int:

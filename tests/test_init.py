@@ -160,10 +160,14 @@ def test_draft_vocab_is_named_only_when_the_draft_has_one(downloads: dict[str, P
     assert _kitfile(tmp_path / "ctx")["model"]["parameters"]["speculative"]["draft_vocab"] == "draft_vocab.json"
 
 
-def test_an_empty_context_directory_is_filled(downloads: dict[str, Path], tmp_path: Path) -> None:
-    (tmp_path / "ctx").mkdir()
-    assert _init(downloads, tmp_path / "ctx").code == 0
-    assert (tmp_path / "ctx" / "Kitfile").is_file()
+def test_an_empty_context_directory_is_filled_in_place(downloads: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "ctx"
+    out.mkdir()
+    inode = out.stat().st_ino
+    result = run_bundle("init", "--target", str(downloads["target"]), "--draft", str(downloads["draft"]), "-o", ".", cwd=out)
+    assert result.code == 0, result.err
+    assert out.stat().st_ino == inode  # the same directory (a shell sitting in it still sees the context)
+    assert sorted(p.name for p in out.iterdir()) == ["Kitfile", "draft", "target", "tokenizer"]
 
 
 def test_a_non_empty_context_is_refused_and_left_as_it_was(downloads: dict[str, Path], tmp_path: Path) -> None:
