@@ -1,10 +1,12 @@
 """Loading only what was verified: safetensors weights, no remote code, no hub, the weights in memory once.
 
 How a model loads (`load_model`):
-1. each file (config.json, every *.safetensors shard) is read once into one buffer of its own size;
+1. each file (config.json, every *.safetensors shard) is read once into one buffer of its own size, with
+   `os.preadv` into a preallocated bytearray; a weight file comes from its `FileRange`: the byte range it
+   occupies inside its verified layer blob (`bundle run` extracts no weights), or the whole file on disk;
 2. with `expected_sha256` (the signed file list) each buffer is hashed, in parallel threads (hashlib releases
-   the GIL), and compared with the signed sha256: the bytes that load ARE the bytes hashed, so a file changed
-   on disk after verification or extraction is refused ("digest-mismatch") instead of loaded;
+   the GIL), and compared with the signed sha256: the bytes that load ARE the bytes hashed, so a blob or
+   file changed after verification is refused ("digest-mismatch") instead of loaded;
 3. tensors are views into those buffers (the safetensors header parsed, `torch.frombuffer`: no copy);
    a shard whose dtype differs from the run dtype is converted and its buffer dropped;
 4. the model is built by transformers from the verified config, on the meta device (no random
@@ -28,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bundler.errors import BundleError
-from runner.modelinfo import DTYPE_BYTES, config_from_dict, safetensors_files, validate_config
+from runner.modelinfo import DTYPE_BYTES, FileRange, Ranges, config_from_dict, safetensors_files, validate_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 INDEX_FILE = "model.safetensors.index.json"
@@ -40,21 +42,23 @@ TORCH_DTYPES = {
 }
 
 
-def check_weight_files(model_dir: Path, role: str = "model") -> None:
-    """Refuses pickle-based weights anywhere in a model directory (they can run code when loaded)."""
+def check_weight_files(model_dir: Path, role: str = "model", ranges: Ranges | None = None) -> None:
+    """Refuses pickle-based weights anywhere in a model directory (they can run code when loaded), and
+    safetensors shards that do not match the index (see `shard_files`)."""
     for path in sorted(Path(model_dir).rglob("*")):
         if path.suffix.lower() in PICKLE_SUFFIXES and path.is_file():
             raise BundleError(
                 "pickle-weights",
                 f"{role} holds {path.relative_to(model_dir)}: pickle-based weights are refused, use safetensors",
             )
-    shard_files(model_dir)
+    shard_files(model_dir, ranges)
 
 
-def shard_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a model directory; with an index, exactly the shards its weight_map names."""
+def shard_files(model_dir: Path, ranges: Ranges | None = None) -> dict[Path, FileRange]:
+    """The safetensors files of a model directory and where their bytes are (runner.modelinfo); with an
+    index, exactly the shards its weight_map names."""
     model_dir = Path(model_dir)
-    files = safetensors_files(model_dir)
+    files = safetensors_files(model_dir, ranges)
     index = model_dir / INDEX_FILE
     if index.is_file():
         try:
@@ -80,24 +84,28 @@ def torch_dtype(dtype: str):
     return getattr(torch, dtype)
 
 
-def _read_once(path: Path, want: str | None) -> bytearray:
-    """The whole file in one buffer, read once; hashed against `want` (sha256 hex) when given."""
-    size = path.stat().st_size
-    buf = bytearray(size)  # calloc'd: pages are touched only by the read below
-    with open(path, "rb") as f:
-        view, done = memoryview(buf), 0
-        while done < size:
-            n = f.readinto(view[done:])
+def _read_once(path: Path, where: FileRange, want: str | None) -> bytearray:
+    """The file's bytes in one buffer, read once from `where`; hashed against `want` (sha256 hex) when given."""
+    buf = bytearray(where.length)  # calloc'd: pages are touched only by the read below
+    view, done = memoryview(buf), 0
+    with open(where.path, "rb", buffering=0) as f:
+        while done < where.length:  # preadv may return less than asked (at most ~2 GiB per call on Linux)
+            n = os.preadv(f.fileno(), [view[done:]], where.offset + done)
             if not n:
-                raise BundleError("digest-mismatch", f"{path} changed after verification: shorter than it was")
+                raise BundleError("digest-mismatch", f"{_shown(path, where)} changed after verification: shorter than it was")
             done += n
-        if f.read(1):
-            raise BundleError("digest-mismatch", f"{path} changed after verification: longer than it was")
     if want is not None:
         got = hashlib.sha256(buf).hexdigest()
         if got != want.removeprefix("sha256:"):
-            raise BundleError("digest-mismatch", f"{path} changed after verification: sha256 {got}")
+            raise BundleError("digest-mismatch", f"{_shown(path, where)} changed after verification: sha256 {got}")
     return buf
+
+
+def _shown(path: Path, where: FileRange) -> str:
+    """A file for a message: its path, and the blob bytes it was read from when it lies inside a blob."""
+    if where.path == path:
+        return str(path)
+    return f"{path} (bytes {where.offset}-{where.offset + where.length} of {where.path})"
 
 
 def _expected(expected: Mapping[str, str] | None, path: Path) -> str | None:
@@ -109,12 +117,13 @@ def _expected(expected: Mapping[str, str] | None, path: Path) -> str | None:
     return want
 
 
-def read_verified_files(paths: list[Path], expected: Mapping[str, str] | None) -> list[bytearray]:
-    """Each file's bytes, read once and (with `expected`) hashed, in parallel threads; in `paths`' order."""
-    wants = [_expected(expected, p) for p in paths]  # an unverified file is refused before anything is read
-    workers = max(1, min(len(paths), os.cpu_count() or 1))
+def read_verified_files(files: Mapping[Path, FileRange], expected: Mapping[str, str] | None) -> list[bytearray]:
+    """Each file's bytes, read once from where they are and (with `expected`: file name -> sha256 hex)
+    hashed, in parallel threads; in `files`' order."""
+    wants = [_expected(expected, p) for p in files]  # an unverified file is refused before anything is read
+    workers = max(1, min(len(files), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_read_once, paths, wants))
+        return list(pool.map(_read_once, files, files.values(), wants))
 
 
 def tensors_from_buffer(buf: bytearray, name: str) -> dict:
@@ -154,14 +163,16 @@ def tensors_from_buffer(buf: bytearray, name: str) -> dict:
 
 
 def load_model(
-    model_dir: Path, dtype: str, device: str, *, expected_sha256: Mapping[str, str] | None = None, role: str = "model"
+    model_dir: Path, dtype: str, device: str, *, expected_sha256: Mapping[str, str] | None = None, role: str = "model",
+    ranges: Ranges | None = None,
 ):
     """A causal LM from a verified directory: safetensors only, trust_remote_code=False, nothing from a hub.
 
     `expected_sha256`: file name in the directory -> sha256 hex, as the signature lists them; when given,
     config.json and every weight file are hashed from the very buffers the model is built from (see the
-    module docstring). Raises BundleError: "digest-mismatch" for a changed file, "invalid-bundle" for a
-    config or checkpoint that does not fit.
+    module docstring). `ranges`: weight files that are not on disk but inside layer blobs (path as if
+    extracted -> FileRange). Raises BundleError: "digest-mismatch" for a changed file or blob,
+    "invalid-bundle" for a config or checkpoint that does not fit.
     """
     global LOADS
     LOADS += 1
@@ -170,12 +181,14 @@ def load_model(
     hf_logging.disable_progress_bar()  # stderr is for the one error line
     hf_logging.set_verbosity_error()
     model_dir = Path(model_dir)
-    check_weight_files(model_dir, role)
+    check_weight_files(model_dir, role, ranges)
     dt = torch_dtype(dtype)
-    shards = shard_files(model_dir)
+    shards = shard_files(model_dir, ranges)
     config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise BundleError("invalid-bundle", f"{role} has no config.json")
     # config.json is hashed with the weights; the first thread reads it, the others the shards.
-    buffers = read_verified_files([config_path, *shards], expected_sha256)
+    buffers = read_verified_files({config_path: FileRange.whole(config_path), **shards}, expected_sha256)
     try:
         config_dict = json.loads(bytes(buffers.pop(0)))
     except (ValueError, UnicodeDecodeError):

@@ -2,13 +2,21 @@
 
 A safetensors file starts with an 8-byte little-endian header length and a JSON header naming each
 tensor's dtype and shape, so parameter counts and memory needs are known before any weight is read.
+
+A weight file need not be on disk as a file of its own: `bundle run` leaves each *.safetensors file inside
+its verified layer blob (an uncompressed tar, so the file is one contiguous byte range of it) and hands over
+a `FileRange` per file, keyed by the path the file would have if extracted. Every function here that reads
+weight files takes those `ranges`; a file on disk is the range of its whole size.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from bundler.errors import BundleError
@@ -43,24 +51,53 @@ def read_raw_config(model_dir: Path) -> dict:
     return config
 
 
-def safetensors_files(model_dir: Path) -> list[Path]:
-    """The *.safetensors files of a model directory, sorted; refuses a directory without any."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
+@dataclass(frozen=True)
+class FileRange:
+    """Where one file's bytes are: `length` bytes from `offset` of the file at `path`: a weight file inside
+    a layer blob, or a plain file (offset 0, its whole size)."""
+
+    path: Path
+    offset: int
+    length: int
+
+    @classmethod
+    def whole(cls, path: Path) -> FileRange:
+        """A plain file, as it is now."""
+        return cls(Path(path), 0, Path(path).stat().st_size)
+
+    def read(self, start: int, n: int) -> bytes:
+        """Up to n bytes from `start` within the range (fewer at its end, or where the file is shorter)."""
+        n = max(0, min(n, self.length - start))
+        with open(self.path, "rb", buffering=0) as f:
+            return os.pread(f.fileno(), n, self.offset + start)
+
+
+# A weight file's path as if extracted (model_dir / name) -> where its bytes are.
+Ranges = Mapping[Path, FileRange]
+
+
+def safetensors_files(model_dir: Path, ranges: Ranges | None = None) -> dict[Path, FileRange]:
+    """The *.safetensors files of a model directory, sorted by name, each with where its bytes are: the
+    range `ranges` gives for it, else the file on disk. Refuses a directory without any."""
+    model_dir = Path(model_dir)
+    found = {p: FileRange.whole(p) for p in model_dir.glob("*.safetensors")}
+    found.update({p: r for p, r in (ranges or {}).items() if p.parent == model_dir and p.name.endswith(".safetensors")})
+    if not found:
         raise BundleError("invalid-bundle", f"{model_dir} holds no *.safetensors weights")
-    return files
+    return dict(sorted(found.items()))
 
 
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """Tensor name -> {"dtype", "shape", "data_offsets"} from one safetensors file's header."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise BundleError("invalid-bundle", f"{path} is too short to be a safetensors file")
-        (size,) = struct.unpack("<Q", raw)
-        if size > MAX_HEADER_BYTES:
-            raise BundleError("invalid-bundle", f"{path} declares a {size}-byte header: not a safetensors file")
-        header = f.read(size)
+def read_safetensors_header(path: Path, where: FileRange | None = None) -> dict[str, dict]:
+    """Tensor name -> {"dtype", "shape", "data_offsets"} from one safetensors file's header (read from
+    `where` when given, else from the file at `path`)."""
+    where = where or FileRange.whole(path)
+    raw = where.read(0, 8)
+    if len(raw) != 8:
+        raise BundleError("invalid-bundle", f"{path} is too short to be a safetensors file")
+    (size,) = struct.unpack("<Q", raw)
+    if size > MAX_HEADER_BYTES:
+        raise BundleError("invalid-bundle", f"{path} declares a {size}-byte header: not a safetensors file")
+    header = where.read(8, size)
     try:
         tensors = json.loads(header)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -69,12 +106,12 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
     return tensors
 
 
-def count_parameters(model_dir: Path) -> int:
+def count_parameters(model_dir: Path, ranges: Ranges | None = None) -> int:
     """Parameters in a model directory's safetensors files; a tied lm_head is counted once."""
     tied = read_config(model_dir).get("tie_word_embeddings", True)
     tensors: dict[str, dict] = {}
-    for path in safetensors_files(model_dir):
-        tensors.update(read_safetensors_header(path))
+    for path, where in safetensors_files(model_dir, ranges).items():
+        tensors.update(read_safetensors_header(path, where))
     has_embedding = any(name.endswith("embed_tokens.weight") for name in tensors)
     total = 0
     for name, info in tensors.items():
@@ -189,15 +226,15 @@ def _activation_bytes(config: dict, element_bytes: int, prompt_tokens: int, step
     return layer + logits
 
 
-def _loader_bytes(model_dir: Path, element_bytes: int) -> int:
+def _loader_bytes(model_dir: Path, element_bytes: int, ranges: Ranges | None = None) -> int:
     """Memory runner.loading holds beyond the weights: the buffers of shards stored in another dtype than
     the run's (all shards are read, in parallel, before they are converted); else nothing (the tensors
     are views of the buffers)."""
     extra = 0
-    for path in safetensors_files(model_dir):
-        tensors = read_safetensors_header(path)
+    for path, where in safetensors_files(model_dir, ranges).items():
+        tensors = read_safetensors_header(path, where)
         if any(SAFETENSORS_DTYPE_BYTES.get(t.get("dtype"), 0) != element_bytes for t in tensors.values()):
-            extra += path.stat().st_size
+            extra += where.length
     return extra
 
 
@@ -213,13 +250,14 @@ def rss_bytes() -> int:
 
 
 def estimate_memory(
-    target_dir: Path, draft_dir: Path, dtype: str, max_tokens: int, *, prompt_tokens: int | None = None, draft_tokens: int = 5
+    target_dir: Path, draft_dir: Path, dtype: str, max_tokens: int, *, prompt_tokens: int | None = None, draft_tokens: int = 5,
+    ranges: Ranges | None = None,
 ) -> dict:
     """Memory to run the pair in `dtype` for `max_tokens` positions, from config.json and safetensors headers
     only: both models' weights (the larger of what the headers hold and what the config implies: a config
     that would allocate more than its files hold is sized by the config), KV caches, activations, and the
     loader's own overhead. `total_bytes` is what the run adds; `predicted_peak_bytes` adds this process's
-    resident memory now (what `bundle run` peaks at).
+    resident memory now (what `bundle run` peaks at). `ranges`: weight files left in layer blobs.
     """
     if dtype not in DTYPE_BYTES:
         raise BundleError("usage", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
@@ -230,9 +268,9 @@ def estimate_memory(
     for role, directory in (("target", target_dir), ("draft", draft_dir)):
         config = configs[role]
         from_config = config_parameters(config) if all(config.get(k) for k in REQUIRED_INT_FIELDS) else 0
-        params[role] = max(count_parameters(directory), from_config)
+        params[role] = max(count_parameters(directory, ranges), from_config)
         activations = max(activations, _activation_bytes(config, element, prompt_tokens, draft_tokens + 1))
-        loader = max(loader, _loader_bytes(directory, element))
+        loader = max(loader, _loader_bytes(directory, element, ranges))
     weights = (params["target"] + params["draft"]) * element
     kv = max_tokens * (_kv_bytes_per_token(configs["target"], element) + _kv_bytes_per_token(configs["draft"], element))
     total = weights + kv + activations + loader

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bundler.errors import BundleError
-from runner.modelinfo import count_parameters, read_config
+from runner.modelinfo import Ranges, count_parameters, read_config
 
 DEFAULT_MIN_SIZE_RATIO = 4.0
 # model_type variants that share a family (and so, usually, a tokenizer and training data).
@@ -37,9 +37,10 @@ def model_family(model_type: str) -> str:
     return FAMILY_ALIASES.get(model_type, model_type)
 
 
-def check_pairing(target_dir: Path, draft_dir: Path, params: Mapping) -> dict:
+def check_pairing(target_dir: Path, draft_dir: Path, params: Mapping, ranges: Ranges | None = None) -> dict:
     """Target and draft share a model family (unless params["allow_cross_family"]) and the target has at
-    least params["min_size_ratio"] (default 4) times the draft's parameters.
+    least params["min_size_ratio"] (default 4) times the draft's parameters (`ranges`: weight files left in
+    layer blobs, see runner.modelinfo).
 
     Returns {"target_family", "draft_family", "target_parameters", "draft_parameters", "size_ratio"};
     raises BundleError "model-family" or "size-ratio".
@@ -53,7 +54,7 @@ def check_pairing(target_dir: Path, draft_dir: Path, params: Mapping) -> dict:
             f"target is {target_type}, draft is {draft_type}: different model families "
             "(set speculative.allow_cross_family in the Kitfile to allow)",
         )
-    target_params, draft_params = count_parameters(target_dir), count_parameters(draft_dir)
+    target_params, draft_params = count_parameters(target_dir, ranges), count_parameters(draft_dir, ranges)
     ratio = target_params / max(draft_params, 1)
     min_ratio = float(params.get("min_size_ratio", DEFAULT_MIN_SIZE_RATIO))
     if ratio < min_ratio:

@@ -21,7 +21,7 @@ from runner import compact_llama
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.gguf_model import bundle_format
 from runner.loading import check_weight_files, load_model
-from runner.modelinfo import estimate_memory, read_config, read_raw_config, validate_config
+from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pairing import check_memory, check_pairing
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
@@ -94,9 +94,15 @@ def _verified_digests(verified_files: Mapping[str, str] | None, role_path: str) 
     return {p[len(prefix) :]: d for p, d in verified_files.items() if p.startswith(prefix) and "/" not in p[len(prefix) :]}
 
 
-def preflight(root: Path, roles: Mapping[str, str], params: Mapping) -> dict:
+def _ranges(root: Path, weight_ranges: Mapping[str, FileRange] | None) -> dict[Path, FileRange]:
+    """Weight files left in layer blobs, keyed by the path each would have if extracted below root."""
+    return {Path(root) / path: where for path, where in (weight_ranges or {}).items()}
+
+
+def preflight(root: Path, roles: Mapping[str, str], params: Mapping, ranges: Ranges | None = None) -> dict:
     """The checks that read no weights, but memory: pickle weights, tokenizer gate, config agreement, pairing.
 
+    ranges: weight files that are not on disk below root but inside layer blobs (see `_ranges`).
     Returns {"dirs", "tokenizer_dir", "fingerprint", "pairing"}; raises BundleError on the first failure.
     """
     for needed in ("target", "draft"):
@@ -107,14 +113,14 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping) -> dict:
         if not directory.is_dir():
             raise BundleError("invalid-bundle", f"the {role} directory {roles[role]} is missing")
     for role in ("target", "draft"):
-        check_weight_files(dirs[role], role)
+        check_weight_files(dirs[role], role, ranges)
         # Types and ranges of what sizes the model, before anything is sized or built from it (exit 6).
         validate_config(read_raw_config(dirs[role]), role)
     fingerprint = check_tokenizers(dirs)
     tokenizer_dir = dirs.get("tokenizer") or next(d for d in dirs.values() if has_tokenizer_files(d))
     for role in ("target", "draft"):
         check_config_agrees(dirs[role], tokenizer_dir, role)
-    pairing = check_pairing(dirs["target"], dirs["draft"], params)
+    pairing = check_pairing(dirs["target"], dirs["draft"], params, ranges)
     draft_vocab = None
     if params.get("draft_vocab"):
         path = (dirs["draft"] / str(params["draft_vocab"])).resolve()
@@ -205,6 +211,7 @@ def load_pair(
     dtype: str | None = None,
     memory_budget: int | None = None,
     verified_files: Mapping[str, str] | None = None,
+    weight_ranges: Mapping[str, FileRange] | None = None,
 ) -> LoadedPair:
     """Every check (see `preflight`), the memory preflight, then the weights; raises BundleError on the first failure.
 
@@ -221,17 +228,19 @@ def load_pair(
         from runner.gguf_run import load_gguf_pair  # the llama.cpp engine
 
         return load_gguf_pair(gguf_dirs, params, context=context, draft_tokens=draft_tokens, memory_budget=memory_budget)
-    checked = preflight(root, roles, params)
+    ranges = _ranges(root, weight_ranges)
+    checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
     prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
     max_tokens = prompt_tokens + max_new_tokens + 2 * draft_tokens + 1  # a verify pass may look past the end
-    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=prompt_tokens, draft_tokens=draft_tokens)
+    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=prompt_tokens,
+                             draft_tokens=draft_tokens, ranges=ranges)
     check_memory(memory, memory_budget, device)
     load_start = time.perf_counter()
-    target = runtime_target(load_model(dirs["target"], dtype, device, role="target",
+    target = runtime_target(load_model(dirs["target"], dtype, device, role="target", ranges=ranges,
                                        expected_sha256=_verified_digests(verified_files, roles["target"])))
-    draft = runtime_draft(load_model(dirs["draft"], dtype, device, role="draft",
+    draft = runtime_draft(load_model(dirs["draft"], dtype, device, role="draft", ranges=ranges,
                                         expected_sha256=_verified_digests(verified_files, roles["draft"])), checked)
     return LoadedPair(
         tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
@@ -320,6 +329,7 @@ def run_unpacked(
     dtype: str | None = None,
     memory_budget: int | None = None,
     verified_files: Mapping[str, str] | None = None,
+    weight_ranges: Mapping[str, FileRange] | None = None,
     on_text: Callable[[str], None] | None = None,
 ) -> dict:
     """Checks, loads and runs the pair unpacked at `root` (`load_pair` then `generate`); the `run --json`
@@ -328,7 +338,9 @@ def run_unpacked(
     roles: role -> directory relative to root (target, draft, tokenizer). params: the Kitfile's
     model.parameters["speculative"] (draft_tokens, min_acceptance, min_size_ratio, allow_cross_family,
     adaptive, guard, dtype). verified_files: path relative to root -> sha256 from the verified signature;
-    when given, weights and configs are hashed as they are loaded. Returns {"tokenizer": {"fingerprint"},
+    when given, weights and configs are hashed as they are loaded. weight_ranges: path relative to root ->
+    FileRange, for weight files left inside their layer blobs instead of extracted (bundle run); each is
+    read from there and hashed against verified_files like a file. Returns {"tokenizer": {"fingerprint"},
     "text", "tokens", "stats", "device", "dtype", "pairing", "memory"}.
     """
     run_start = time.perf_counter()
@@ -343,6 +355,7 @@ def run_unpacked(
     pair = load_pair(
         root, roles, params, context=lambda tokenizer: (len(_prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
         draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
+        weight_ranges=weight_ranges,
     )
     result = generate(pair, pair.prompt_ids(prompt, raw), max_new_tokens=max_new_tokens, temperature=temperature,
                       top_p=top_p, seed=seed, on_text=on_text)

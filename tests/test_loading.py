@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from bundler.errors import BundleError
 from runner.loading import load_model
-from runner.modelinfo import read_safetensors_header
+from runner.modelinfo import FileRange, read_safetensors_header
 from tests.tinymodels import tiny_llama
 
 IDS = torch.tensor([[3, 17, 42, 99, 5, 250]])
@@ -56,6 +56,42 @@ def test_a_file_changed_between_verification_and_loading_is_refused(tmp_path: Pa
     with pytest.raises(BundleError) as err:
         load_model(directory, "float32", "cpu", expected_sha256=signed)
     assert err.value.code == "digest-mismatch"
+
+
+def _in_a_blob(directory: Path, blob: Path) -> dict[Path, FileRange]:
+    """Moves the directory's safetensors files into one blob, between other bytes (as a tar layer holds
+    them), and returns where each now lies."""
+    ranges, data = {}, bytearray(b"\x07" * 1000)
+    for path in sorted(directory.glob("*.safetensors")):
+        content = path.read_bytes()
+        ranges[path] = FileRange(blob, len(data), len(content))
+        data += content + b"\x00" * 700
+        path.unlink()
+    blob.write_bytes(bytes(data))
+    return ranges
+
+
+def test_weights_load_from_their_byte_range_of_a_blob(tmp_path: Path) -> None:
+    model = tiny_llama(320, hidden=64, layers=3)
+    directory = _save(model, tmp_path / "m", max_shard_size="40KB")
+    signed = _digests(directory)
+    ranges = _in_a_blob(directory, tmp_path / "blob")
+    assert not list(directory.glob("*.safetensors")) and len(ranges) > 2
+    loaded = load_model(directory, "float32", "cpu", expected_sha256=signed, ranges=ranges)
+    assert torch.equal(_logits(loaded), _logits(model))
+
+
+def test_a_blob_changed_between_verification_and_loading_is_refused(tmp_path: Path) -> None:
+    directory = _save(tiny_llama(320), tmp_path / "m")
+    signed = _digests(directory)
+    ranges = _in_a_blob(directory, tmp_path / "blob")
+    where = ranges[directory / "model.safetensors"]
+    data = bytearray(where.path.read_bytes())
+    data[where.offset + where.length - 3] ^= 1  # one weight bit inside the file's range, after the digests were taken
+    where.path.write_bytes(bytes(data))
+    with pytest.raises(BundleError) as err:
+        load_model(directory, "float32", "cpu", expected_sha256=signed, ranges=ranges)
+    assert err.value.code == "digest-mismatch" and "model.safetensors" in err.value.message
 
 
 def test_a_changed_config_is_refused_too(tmp_path: Path) -> None:
