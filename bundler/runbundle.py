@@ -1,19 +1,22 @@
-"""`bundle run` and `bundle bench`: verify (never skipped), extract into a private read-only directory, then
-hand over to the runner."""
+"""`bundle run`, `serve` and `bench`: verify (never skipped), extract the small files into a private read-only
+directory, then hand over to the runner, which reads each weight file straight from its verified layer blob."""
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from bundler import runrecord
 from bundler.refs import Ref
 from bundler.store import Store
-from bundler.unpack import extract_verified, make_writable
+from bundler.unpack import extract_leaving_in_blobs, extract_verified, make_writable
 from bundler.verify import VerifyReport, verify_bundle
+
+WEIGHT_SUFFIX = ".safetensors"  # left in the blobs; GGUF files are extracted (llama.cpp opens a path)
 
 
 def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -24,30 +27,70 @@ def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
+@dataclass(frozen=True)
+class Checkout:
+    """A verified bundle ready for the runner: the small files extracted below `root` (read-only), the
+    safetensors files as byte ranges of their layer blobs (`weights`: bundle path -> runner FileRange)."""
+
+    root: Path
+    report: VerifyReport
+    weights: dict[str, Any]
+    timings: dict[str, float]  # verify_s, extract_s
+
+
 @contextlib.contextmanager
-def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterator[tuple[Path, VerifyReport, dict[str, float]]]:
-    """Verify the bundle (a trusted signature required), then extract it into a private read-only temp
-    directory, each file hashed while written; removed afterwards. Yields (root, report, {"verify_s", "extract_s"})."""
+def _private_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="specbundle-run-") as tmp:
+        root = Path(tmp) / "bundle"
+        try:
+            yield root
+        finally:
+            if root.exists():
+                make_writable(root)  # so the temp dir can be removed
+
+
+@contextlib.contextmanager
+def verified_view(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterator[Checkout]:
+    """Verify the bundle (a trusted signature required), then extract all but its *.safetensors files into a
+    private read-only temp directory (each file hashed while written); the weight files stay in their
+    blobs, and the runner hashes each one from the buffer it loads it into. Removed afterwards."""
+    from runner.modelinfo import FileRange  # torch-free
+
     start = time.perf_counter()
     report = verify_bundle(store, ref, trusted)
     report.raise_for_error()
     verified = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="specbundle-run-") as tmp:
-        root = Path(tmp) / "bundle"
-        extract_verified(store, report, root, read_only=True)
+    with _private_dir() as root:
+        spans = extract_leaving_in_blobs(store, report, root, lambda path: path.endswith(WEIGHT_SUFFIX), read_only=True)
+        weights = {path: FileRange(span.blob, span.offset, span.size) for path, span in spans.items()}
         timings = {"verify_s": verified - start, "extract_s": time.perf_counter() - verified}
-        try:
-            yield root, report, timings
-        finally:
-            make_writable(root)  # so the temp dir can be removed
+        yield Checkout(root, report, weights, timings)
 
 
-def _runner_args(report: VerifyReport) -> dict[str, Any]:
+@contextlib.contextmanager
+def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterator[tuple[Path, VerifyReport, dict[str, float]]]:
+    """Verify the bundle (a trusted signature required), then extract every file, weights included, into a
+    private read-only temp directory, each file hashed while written; removed afterwards. Yields (root,
+    report, {"verify_s", "extract_s"}). For callers that need the weights as files (bench, until it takes
+    weight ranges); run and serve use `verified_view`, which writes no weights."""
+    start = time.perf_counter()
+    report = verify_bundle(store, ref, trusted)
+    report.raise_for_error()
+    verified = time.perf_counter()
+    with _private_dir() as root:
+        extract_verified(store, report, root, read_only=True)
+        yield root, report, {"verify_s": verified - start, "extract_s": time.perf_counter() - verified}
+
+
+def _runner_args(report: VerifyReport, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
     mk = report.modelkit
     assert mk is not None and report.claims is not None
     # The runner hashes each file from the very buffer it loads it from, against the signed list
     # (runner.loading): nothing can be swapped between verification and loading.
-    return {"roles": mk.kitfile.role_paths(), "params": runner_params(mk.kitfile.parameters), "verified_files": report.claims.files}
+    args = {"roles": mk.kitfile.role_paths(), "params": runner_params(mk.kitfile.parameters), "verified_files": report.claims.files}
+    if weights:
+        args["weight_ranges"] = dict(weights)
+    return args
 
 
 def _bundle_info(ref: Ref, report: VerifyReport) -> dict[str, Any]:
@@ -65,8 +108,9 @@ def run_bundle(
     from runner.run import run_unpacked  # torch is imported only when a bundle runs
 
     started = runrecord.now()
-    with verified_checkout(store, ref, trusted) as (root, report, checkout_timings):
-        result = run_unpacked(root, prompt=prompt, on_text=on_text, **_runner_args(report), **options)
+    with verified_view(store, ref, trusted) as checkout:
+        report, checkout_timings = checkout.report, checkout.timings
+        result = run_unpacked(checkout.root, prompt=prompt, on_text=on_text, **_runner_args(report, checkout.weights), **options)
     before = checkout_timings["verify_s"] + checkout_timings["extract_s"]
     timings = {**checkout_timings, **result.get("timings", {})}
     timings["first_token_s"] = timings.get("first_token_s", 0.0) + before  # from the start of verification
@@ -83,16 +127,16 @@ def run_bundle(
 def loaded_bundle(
     store: Store, ref: Ref, trusted: Mapping[str, Any], context: tuple[int, int], **options: Any
 ) -> Iterator[tuple[Any, dict[str, Any], VerifyReport]]:
-    """Verify, extract and load the pair once (runner.run.load_pair: the same checks and refusals as run),
-    keeping the verified checkout alive until the block ends (a server's lifetime).
+    """Verify, extract the small files and load the pair once (runner.run.load_pair: the same checks and
+    refusals as run), keeping the verified checkout alive until the block ends (a server's lifetime).
 
     context: (prompt tokens, new tokens) the memory preflight sizes the caches for. Yields (pair, bundle
     info {"ref", "digest", "signer"}, report); raises the first BundleError before any weights are loaded."""
     from runner.run import load_pair  # torch is imported only when a bundle runs
 
-    with verified_checkout(store, ref, trusted) as (root, report, _timings):
-        pair = load_pair(root, context=context, **_runner_args(report), **options)
-        yield pair, _bundle_info(ref, report), report
+    with verified_view(store, ref, trusted) as checkout:
+        pair = load_pair(checkout.root, context=context, **_runner_args(checkout.report, checkout.weights), **options)
+        yield pair, _bundle_info(ref, checkout.report), checkout.report
 
 
 def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: list[str], **options: Any) -> dict[str, Any]:

@@ -461,6 +461,13 @@ class _Stream:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def skip(self, n: int) -> None:
+        """Pass over n bytes: a seek on a plain file (weights left in place are never read), else read
+        through (a hashing reader must see every byte)."""
+        seekable = getattr(self.raw, "seekable", None)
+        if n and seekable is not None and seekable():
+            self.raw.seek(n, io.SEEK_CUR)  # past the end is found by the next read: "archive truncated"
+            self.pos += n
+            return
         while n:
             step = min(n, CHUNK)
             self.read(step)
@@ -691,7 +698,10 @@ def _extract_file(parent_fd: int, base: str, member: TarMember, content: BinaryI
     return FileRecord(member.name, digest.hexdigest(), member.size, mode)
 
 
-def extract_layer(stream: BinaryIO, layer_path: str, dest: Path, expected: Mapping[str, str] | None = None) -> list[FileRecord]:
+def extract_layer(
+    stream: BinaryIO, layer_path: str, dest: Path, expected: Mapping[str, str] | None = None,
+    in_place: Callable[[TarMember], bool] | None = None,
+) -> list[FileRecord]:
     """Safely extract a layer into `dest` (which must exist); returns the files written, in archive order.
 
     Every entry passes iter_layer's checks; each path component is opened relative to its parent with
@@ -699,6 +709,9 @@ def extract_layer(stream: BinaryIO, layer_path: str, dest: Path, expected: Mappi
     symlink is followed. Modes are 0644/0755. With `expected` (path -> sha256 hex), a file whose hash
     differs is removed and refused (tampered), and a file it does not list is refused before it is
     written (extra-file); files listed but absent are the caller's to check, across all layers.
+    `in_place`: called with each regular file (once it passed those checks); True leaves it unwritten, its
+    bytes where they are in the layer (`member.offset_data`, `member.size`), unread on a seekable stream;
+    checking them is then the caller's job.
     """
     dest = Path(dest)
     if not dest.is_dir():
@@ -712,6 +725,8 @@ def extract_layer(stream: BinaryIO, layer_path: str, dest: Path, expected: Mappi
                 want = expected.get(member.name)
                 if want is None:
                     raise BundleError("extra-file", f"{layer_path}: '{member.name}' is not listed in the signature")
+            if member.kind == "file" and in_place is not None and in_place(member):
+                continue
             parts = member.name.split("/")
             dirs = parts if member.kind == "dir" else parts[:-1]
             fd = root_fd
