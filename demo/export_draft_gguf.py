@@ -11,7 +11,8 @@ its record is kept. The tokenizer metadata (every `tokenizer.*` field) is copied
 which compares `tokenizer.ggml.*` field by field, sees the same tokenizer in both files.
 
 The check: the exported file's greedy tokens under llama.cpp against the safetensors draft's under
-transformers in float32, on a few held-out prompts; any difference fails the export (exit 1).
+transformers in float32, on a few held-out prompts (48 tokens each); a difference that is not a tie (two
+tokens whose logits are closer than the two computations' rounding there) fails the export (exit 1).
 
 Written with the `gguf` package's GGUFWriter; llama.cpp's own converter is not used. Only what llama.cpp's
 `llama` architecture computes exactly is accepted: no biases, SiLU, default RoPE.
@@ -245,15 +246,45 @@ def check_prompt_ids(gguf_path: Path, count: int = 4) -> list[list[int]]:
     return [tokenizer.prompt_ids(json.loads(line)["prompt"], raw=False) for line in lines]
 
 
+def logits_at(model_dir: Path, gguf_path: Path, prefix: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next-token logits after `prefix`: transformers float32, and llama.cpp computed the way greedy
+    decoding computed them (all but the last token in one batch, then the last token alone)."""
+    sys.path.insert(0, str(ROOT))
+    from transformers import AutoModelForCausalLM
+
+    from runner.engines import llamacpp
+
+    reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        theirs = reference(input_ids=torch.tensor([prefix])).logits[0, -1]
+    engine = llamacpp.load(gguf_path, n_ctx=len(prefix) + 1, threads=1)
+    engine.reset(len(prefix))
+    engine.forward(torch.tensor(prefix[:-1]), last_only=True)
+    return theirs, engine.forward(torch.tensor(prefix[-1:]), last_only=True)[0]
+
+
 def check(model_dir: Path, gguf_path: Path) -> dict:
-    """Greedy tokens of the exported file (llama.cpp) against the safetensors model (transformers, fp32)."""
+    """Greedy tokens of the exported file (llama.cpp) against the safetensors model (transformers, fp32).
+
+    bf16 weights leave llama.cpp rounding differently (activations rounded to bf16 in its bf16 matrix
+    products, an f16 KV cache), so two greedy runs may part where the top two tokens are that close: at the
+    first difference the gap between the two tokens in transformers' logits is compared with how far the two
+    computations' logits are apart there at most (`drift`); a gap within the drift is a tie. Any other
+    difference (a wrong layout moves every logit far) fails."""
     prompts = check_prompt_ids(gguf_path)
     results = []
     for ids, (reference, ours) in zip(prompts, greedy_pairs(model_dir, gguf_path, prompts, CHECK_TOKENS)):
         first = next((i for i, (a, b) in enumerate(zip(reference, ours)) if a != b), None)
-        results.append({"prompt_tokens": len(ids), "tokens": len(reference), "first_difference": first})
+        result = {"prompt_tokens": len(ids), "tokens": len(reference), "first_difference": first, "tie": None}
+        if first is not None:
+            theirs, mine = logits_at(model_dir, gguf_path, ids + reference[:first])
+            gap = float(theirs[reference[first]] - theirs[ours[first]])
+            drift = float((theirs - mine).abs().max())
+            result.update(gap=round(gap, 5), drift=round(drift, 5), tie=gap <= drift)
+        results.append(result)
     return {"new_tokens": CHECK_TOKENS, "prompts": results,
-            "identical": all(r["first_difference"] is None for r in results)}
+            "identical": all(r["first_difference"] is None or r["tie"] for r in results),
+            "exactly_identical": all(r["first_difference"] is None for r in results)}
 
 
 def inputs(model_dir: Path, tokenizer_gguf: Path, dtype: str) -> dict:
@@ -293,7 +324,7 @@ def main() -> int:
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     if not args.no_check and not record["check"]["identical"]:
-        print("error: the exported draft's greedy tokens differ from transformers' (see the record)", file=sys.stderr)
+        print("error: the exported draft's greedy tokens differ from transformers' beyond a tie (see the record)", file=sys.stderr)
         return 1
     return 0
 
