@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 from collections.abc import Mapping
@@ -84,9 +85,17 @@ def torch_dtype(dtype: str):
     return getattr(torch, dtype)
 
 
-def _read_once(path: Path, where: FileRange, want: str | None) -> bytearray:
+def _buffer(size: int) -> mmap.mmap | bytearray:
+    """A writable buffer of `size` bytes whose pages are touched first by the read into it: private anonymous
+    memory (bytearray(n) zeroes all n bytes first, which made reading 1 GiB take 1.7 s instead of 0.9 s here)."""
+    if size and hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return bytearray(size)
+
+
+def _read_once(path: Path, where: FileRange, want: str | None) -> mmap.mmap | bytearray:
     """The file's bytes in one buffer, read once from `where`; hashed against `want` (sha256 hex) when given."""
-    buf = bytearray(where.length)  # calloc'd: pages are touched only by the read below
+    buf = _buffer(where.length)
     view, done = memoryview(buf), 0
     with open(where.path, "rb", buffering=0) as f:
         while done < where.length:  # preadv may return less than asked (at most ~2 GiB per call on Linux)
@@ -94,6 +103,7 @@ def _read_once(path: Path, where: FileRange, want: str | None) -> bytearray:
             if not n:
                 raise BundleError("digest-mismatch", f"{_shown(path, where)} changed after verification: shorter than it was")
             done += n
+    view.release()  # an mmap with a view still exported could not be closed when its tensors go
     if want is not None:
         got = hashlib.sha256(buf).hexdigest()
         if got != want.removeprefix("sha256:"):
@@ -117,7 +127,7 @@ def _expected(expected: Mapping[str, str] | None, path: Path) -> str | None:
     return want
 
 
-def read_verified_files(files: Mapping[Path, FileRange], expected: Mapping[str, str] | None) -> list[bytearray]:
+def read_verified_files(files: Mapping[Path, FileRange], expected: Mapping[str, str] | None) -> list[mmap.mmap | bytearray]:
     """Each file's bytes, read once from where they are and (with `expected`: file name -> sha256 hex)
     hashed, in parallel threads; in `files`' order."""
     wants = [_expected(expected, p) for p in files]  # an unverified file is refused before anything is read
@@ -126,7 +136,7 @@ def read_verified_files(files: Mapping[Path, FileRange], expected: Mapping[str, 
         return list(pool.map(_read_once, files, files.values(), wants))
 
 
-def tensors_from_buffer(buf: bytearray, name: str) -> dict:
+def tensors_from_buffer(buf: mmap.mmap | bytearray, name: str) -> dict:
     """The tensors of one safetensors file held in `buf`, as views into it (no copy)."""
     import torch
 
