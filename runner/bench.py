@@ -1,5 +1,6 @@
 """`bundle bench`: the target alone, transformers' assisted generation and our runner, same pair, same prompts,
-one process, and what the measured acceptance and costs predict (Leviathan et al.)."""
+one process, and what the measured acceptance and costs predict (Leviathan et al.). A GGUF bundle is benched
+by runner.gguf_bench (llama.cpp engine, against llama-cpp-python's own generation)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from runner.gguf_model import bundle_format
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
 from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
@@ -179,6 +181,41 @@ def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
             "fastest_plain": fastest}
 
 
+def speculation_figures(runs: Mapping[str, Run], k: int) -> dict[str, Any]:
+    """What the bundle runs' counters say (all rounds pooled): acceptance, the draft's cost and the verify
+    pass's relative to a step of our plain decoding (`runner_plain`), and the speed-up Leviathan's formula
+    predicts from them (`draft_only`: the draft decoding alone, for its cost)."""
+    stats = runs["bundle"].stats
+    accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
+    rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
+    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
+    # Costs relative to a step of the target as the loop runs it (our plain decoding's step): the theory
+    # then predicts what speculation alone gains, and the efficiency compares it with speedup_vs_runner_plain.
+    step_s = runs["runner_plain"].seconds / max(runs["runner_plain"].new_tokens, 1)
+    cost = (runs["draft_only"].seconds / max(runs["draft_only"].new_tokens, 1)) / step_s
+    verifies = sum(s.verifies_timed for s in stats)
+    verify_ratio = (sum(s.verify_time_s for s in stats) / verifies / step_s) if verifies else 1.0
+    mean_k = drafted / iterations if iterations else float(k)
+    per_iteration = predicted_speedup(alpha, max(1, round(mean_k)), cost, verify_ratio) if iterations else 1.0
+    # The prediction holds for the speculative iterations; tokens the guard made plain decoding produce
+    # cost one target step each, as they should. The whole run's theoretical speed-up mixes the two.
+    spec_tokens = sum(s.spec_tokens for s in stats)
+    plain_tokens = max(runs["bundle"].new_tokens - spec_tokens, 0)  # spec_tokens counts a cut last batch whole
+    theoretical = (spec_tokens + plain_tokens) / (spec_tokens / per_iteration + plain_tokens) if spec_tokens + plain_tokens else 1.0
+    return {
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        "per_token_acceptance": round(alpha, 4),
+        "mean_accepted_length": round(accepted / iterations, 3) if iterations else 0.0,
+        "cost_ratio": round(cost, 4),
+        "verify_cost_ratio": round(verify_ratio, 4),
+        "mean_draft_tokens": round(mean_k, 2),
+        "theoretical_speedup": round(theoretical, 3),
+        "theoretical_speedup_speculating": round(per_iteration, 3),
+        "speculative_share": round(spec_tokens / max(runs["bundle"].new_tokens, 1), 3),
+        "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, 2 * k), 3),
+    }
+
+
 def bench_unpacked(
     root: Path,
     roles: Mapping[str, str],
@@ -198,6 +235,12 @@ def bench_unpacked(
     and acceptance are over all rounds, and identity, fallbacks and per-prompt figures are the first round's."""
     from transformers import AutoTokenizer
 
+    gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
+    if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
+        from runner.gguf_bench import bench_gguf  # the llama.cpp engine, against llama-cpp-python's own generation
+
+        return bench_gguf(gguf_dirs, params, prompts, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+                          repeat=repeat, progress=progress)
     say = progress or (lambda _msg: None)
     device = _resolve_device(device)
     dtype = str(params.get("dtype") or "float32")
@@ -252,23 +295,7 @@ def bench_unpacked(
     runs["draft_only"] = draft_only
     first = rounds[0]
     hf_best, fastest_plain = _fastest(runs)
-    stats = runs["bundle"].stats
-    accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
-    rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
-    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
-    # Costs relative to a step of the target as the loop runs it (our plain decoding's step): the theory
-    # then predicts what speculation alone gains, and the efficiency compares it with speedup_vs_runner_plain.
-    step_s = runs["runner_plain"].seconds / max(runs["runner_plain"].new_tokens, 1)
-    cost = (runs["draft_only"].seconds / max(runs["draft_only"].new_tokens, 1)) / step_s
-    verifies = sum(s.verifies_timed for s in stats)
-    verify_ratio = (sum(s.verify_time_s for s in stats) / verifies / step_s) if verifies else 1.0
-    mean_k = drafted / iterations if iterations else float(k)
-    per_iteration = predicted_speedup(alpha, max(1, round(mean_k)), cost, verify_ratio) if iterations else 1.0
-    # The prediction holds for the speculative iterations; tokens the guard made plain decoding produce
-    # cost one target step each, as they should. The whole run's theoretical speed-up mixes the two.
-    spec_tokens = sum(s.spec_tokens for s in stats)
-    plain_tokens = max(runs["bundle"].new_tokens - spec_tokens, 0)  # spec_tokens counts a cut last batch whole
-    theoretical = (spec_tokens + plain_tokens) / (spec_tokens / per_iteration + plain_tokens) if spec_tokens + plain_tokens else 1.0
+    figures = speculation_figures(runs, k)
     alone, bundle = first["target_only"], first["bundle"]
     differences = [first_difference(target, p, t, b, dtype, ts.target_calls, bs.target_calls, fast_target)
                    for p, t, b, ts, bs in zip(ids, alone.tokens, bundle.tokens, alone.stats, bundle.stats)]
@@ -284,17 +311,8 @@ def bench_unpacked(
         "speedup_vs_fastest_plain": round(median("speedup_vs_fastest_plain"), 3),
         "fastest_plain": fastest_plain,
         "rounds": [{key: round(value, 3) if isinstance(value, float) else value for key, value in r.items()} for r in ratios],
-        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
-        "per_token_acceptance": round(alpha, 4),
-        "mean_accepted_length": round(accepted / iterations, 3) if iterations else 0.0,
-        "cost_ratio": round(cost, 4),
-        "verify_cost_ratio": round(verify_ratio, 4),
-        "mean_draft_tokens": round(mean_k, 2),
-        "theoretical_speedup": round(theoretical, 3),
-        "theoretical_speedup_speculating": round(per_iteration, 3),
-        "speculative_share": round(spec_tokens / max(runs["bundle"].new_tokens, 1), 3),
-        "efficiency": round(spec_gain / theoretical, 3) if theoretical else None,
-        "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, 2 * k), 3),
+        **figures,
+        "efficiency": round(spec_gain / figures["theoretical_speedup"], 3) if figures["theoretical_speedup"] else None,
         "identical_output": identical,
         "exactly_identical": all(d is None for d in differences),
         "runner_plain_identical": first["runner_plain"].tokens == first["target_only"].tokens,
