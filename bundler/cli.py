@@ -531,7 +531,9 @@ def _read_prompts(path: str) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @command
 def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_paths: tuple[str, ...], as_json: bool, **options: Any) -> None:
-    """Target alone, transformers' assisted generation and `bundle run`: same pair, same prompts, one process."""
+    """Target alone, transformers' assisted generation and `bundle run`: same pair, same prompts, one process.
+
+    A GGUF bundle: our plain decoding, llama-cpp-python's own generation of the target file and `bundle run`."""
     from bundler.runbundle import bench_bundle
 
     prompts = _read_prompts(prompts_file)[:limit]
@@ -545,12 +547,18 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 
     table = Table("run", "tokens/s", "new tokens", "seconds")
     for name, run in result["runs"].items():
+        if run is None:  # hf_assisted on a GGUF bundle: transformers does not run GGUF files
+            table.add_row(name, "n/a", "-", "-")
+            continue
         table.add_row(name, f"{run['tokens_per_second']:.1f}", str(run["new_tokens"]), f"{run['seconds']:.2f}")
     console = Console()
     console.print(table)
-    for key in ("speedup_vs_target", "speedup_vs_runner_plain", "speedup_vs_hf_assisted", "speedup_vs_fastest_plain", "acceptance_rate", "per_token_acceptance",
-                "mean_accepted_length", "cost_ratio", "verify_cost_ratio", "theoretical_speedup", "efficiency", "break_even_acceptance", "identical_output"):
-        console.print(f"{key:<26} {result[key]}")
+    for key in ("speedup_vs_target", "speedup_vs_runner_plain", "speedup_vs_hf_assisted", "speedup_vs_llama_cpp_python", "plain_vs_llama_cpp_python",
+                "speedup_vs_fastest_plain", "acceptance_rate", "per_token_acceptance",
+                "mean_accepted_length", "cost_ratio", "verify_cost_ratio", "theoretical_speedup", "efficiency", "break_even_acceptance", "identical_output",
+                "runner_plain_identical"):
+        if key in result:
+            console.print(f"{key:<28} {result[key]}")
     per_prompt = Table("prompt", "tokens", "x target", "x our plain", "acceptance", "accepted/pass", "fallback at")
     for p in result["per_prompt"]:
         per_prompt.add_row(str(p["prompt"]), str(p["new_tokens"]), f"{p['speedup_vs_target']:.2f}", f"{p['speedup_vs_runner_plain']:.2f}",
@@ -558,6 +566,10 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
                            f"{p['mean_accepted_length']:.2f}", "-" if p["fallback_at"] is None else str(p["fallback_at"]))
     console.print(per_prompt)
     for d in result["differences"]:
+        if "gap_in_theirs" in d:  # GGUF: against llama-cpp-python's own greedy generation
+            gaps = f"logits apart: {d['gap_in_theirs']} in theirs, {d['gap_in_ours']} in ours"
+            console.print(f"prompt {d['prompt']}: differs from llama-cpp-python at token {d['position']} (tie: {d['tie']}; {gaps})")
+            continue
         gaps = f"bf16 steps apart: {d.get('target_alone_gap_bf16_steps')} target alone, {d.get('bundle_pass_gap_bf16_steps')} in the bundle's pass"
         console.print(f"prompt {d['prompt']}: differs from the target alone at token {d['position']} (tie: {d['tie']}; {gaps})")
     for f in result["fallbacks"]:
