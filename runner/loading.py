@@ -86,10 +86,11 @@ def torch_dtype(dtype: str):
 
 
 def _buffer(size: int) -> mmap.mmap | bytearray:
-    """A writable buffer of `size` bytes whose pages are touched first by the read into it: private anonymous
-    memory (bytearray(n) zeroes all n bytes first, which made reading 1 GiB take 1.7 s instead of 0.9 s here)."""
+    """A writable buffer of `size` bytes: private anonymous memory, its pages mapped in one call
+    (MAP_POPULATE). Measured here, reading 1 GiB into it took 0.83 s; into a bytearray, which first zeroes
+    every byte in Python, 1.74 s; into unpopulated memory, one page fault per 4 KiB, 1.08 s."""
     if size and hasattr(mmap, "MAP_PRIVATE"):
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
     return bytearray(size)
 
 
