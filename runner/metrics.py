@@ -23,9 +23,16 @@ def predicted_speedup(acceptance: float, k: int, cost_ratio: float, verify_ratio
     return expected_tokens(acceptance, k) / (k * cost_ratio + verify_ratio)
 
 
-def best_predicted_speedup(acceptance: float, cost_ratio: float, verify_ratio: float, max_k: int) -> tuple[float, int]:
-    """The best predicted speed-up over draft lengths 1..max_k, and the k that gives it."""
-    return max((predicted_speedup(acceptance, k, cost_ratio, verify_ratio), k) for k in range(1, max(max_k, 1) + 1))
+def best_predicted_speedup(
+    acceptance: float, cost_ratio: float, verify_ratio: float, max_k: int, verify_slope: float | None = None
+) -> tuple[float, int]:
+    """The best predicted speed-up over draft lengths 1..max_k, and the k that gives it.
+
+    verify_slope: when given, a verify pass over k drafts costs 1 + verify_slope * k target steps (it
+    grows with its length on CPUs without fast batched bf16 kernels); else verify_ratio for every k."""
+    def verify(k: int) -> float:
+        return verify_ratio if verify_slope is None else 1.0 + verify_slope * k
+    return max((predicted_speedup(acceptance, k, cost_ratio, verify(k)), k) for k in range(1, max(max_k, 1) + 1))
 
 
 def _mean(total: float, count: int) -> float | None:
@@ -50,6 +57,8 @@ class Stats:
     draft_steps_timed: int = 0
     verify_time_s: float = 0.0  # timed verify passes
     verifies_timed: int = 0
+    verify_time_by_k: dict[int, float] = field(default_factory=dict)  # the same, per number of drafts in the pass
+    verifies_by_k: dict[int, int] = field(default_factory=dict)
     step_time_s: float = 0.0  # timed single-token target steps: what plain decoding costs per token
     steps_timed: int = 0
     spec_time_s: float = 0.0  # wall time of speculative iterations (draft steps + verify pass)
@@ -116,6 +125,18 @@ class Stats:
         return verify / step if verify is not None and step else None
 
     @property
+    def verify_slope(self) -> float | None:
+        """What each drafted token adds to a verify pass, in target steps: the least-squares slope of
+        (verify cost - 1) over the number of drafts, through (0, 1) (a pass over no draft is one step).
+        About 0 where batched passes are as cheap as one step (a GPU, AMX), ~0.5 for bf16 on AVX2."""
+        step = self.step_time
+        if not step or not self.verifies_by_k:
+            return None
+        num = sum(n * k * (self.verify_time_by_k[k] / n / step - 1.0) for k, n in self.verifies_by_k.items())
+        den = sum(n * k * k for k, n in self.verifies_by_k.items())
+        return max(num / den, 0.0) if den else None
+
+    @property
     def realized_speedup(self) -> float | None:
         """Tokens/s of the speculative iterations so far over tokens/s of the timed plain steps."""
         spec, step = _mean(self.spec_time_s, self.spec_tokens), _mean(self.step_time_s, self.steps_timed)
@@ -143,6 +164,7 @@ class Stats:
             "elapsed_s": self.elapsed_s,
             "cost_ratio": self.cost_ratio,
             "verify_cost_ratio": self.verify_cost_ratio,
+            "verify_slope": self.verify_slope,
             "predicted_speedup": self.predicted_speedup,
             "realized_speedup": self.realized_speedup,
             "draft_tokens_final": self.draft_tokens_final,

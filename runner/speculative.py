@@ -251,6 +251,7 @@ class Guard:
         self.plain_until: int | None = None  # while fallen back: the token count at which a trial starts
         self.trial = False
         self.retry_after = RETRY_AFTER
+        self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
 
     def drafting(self, produced: int) -> bool:
         """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
@@ -276,12 +277,18 @@ class Guard:
             return
         accepted_w, rejections_w, seconds_w, tokens_w = self.window
         acceptance = accepted_w / (accepted_w + rejections_w) if accepted_w + rejections_w else 0.0
-        speedup, _k = best_predicted_speedup(acceptance, cost, verify, self.max_k)
+        slope = None if self.costs else stats.verify_slope
+        speedup, best_k = best_predicted_speedup(acceptance, cost, verify, self.max_k, slope)
         # Acceptance comes in runs (boilerplate, repeated code), which the i.i.d. model under-rates: the
         # speed-up the loop actually achieved counts too (not with a clock-free cost model).
         step = stats.step_time
-        if not self.costs and step and seconds_w:
-            speedup = max(speedup, step * tokens_w / seconds_w)
+        realized = step * tokens_w / seconds_w if not self.costs and step and seconds_w else 0.0
+        mean_k = stats.drafted / max(stats.speculative_iterations, 1)
+        if slope is not None and best_k < mean_k and realized < 1.0 <= speedup:
+            # Where a verify pass grows with its length (bf16 on a CPU without AMX or AVX-512 BF16), only a
+            # shorter draft may pay: draft that long instead of falling back.
+            self.k_cap = best_k
+        speedup = max(speedup, realized)
         stats.predicted_speedup = speedup
         if speedup >= 1.0 and acceptance >= self.min_acceptance:
             if self.trial:
@@ -348,7 +355,7 @@ def generate_speculative(
     pending = ids  # the draft's prefill comes with its first step
     done = max_new_tokens <= 0
     while not done:
-        budget = min(k, max_new_tokens - len(tokens) - 1) if judge is None or judge.drafting(len(tokens)) else 0
+        budget = min(k, judge.k_cap if judge else k, max_new_tokens - len(tokens) - 1) if judge is None or judge.drafting(len(tokens)) else 0
         t0 = time.perf_counter()
         drafts, q = _draft(draft, pending, budget, sampler, draft_confidence)
         kk = len(drafts)
@@ -367,6 +374,8 @@ def generate_speculative(
                 stats.draft_steps_timed += kk
             stats.verify_time_s += t2 - t1
             stats.verifies_timed += 1
+            stats.verify_time_by_k[kk] = stats.verify_time_by_k.get(kk, 0.0) + t2 - t1
+            stats.verifies_by_k[kk] = stats.verifies_by_k.get(kk, 0) + 1
             stats.spec_time_s += t2 - t0
             stats.spec_tokens += n + 1
             if n < kk:  # roll both caches back to the accepted prefix

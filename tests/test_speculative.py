@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.metrics import Stats, predicted_speedup
+from runner.metrics import Stats, best_predicted_speedup, predicted_speedup
 from runner.speculative import (
     PATIENCE,
     RETRY_AFTER,
@@ -221,6 +221,36 @@ def test_guard_retries_after_a_fallback_with_a_growing_wait_and_resumes_when_the
     for _ in range(40):
         produced = _feed(guard, stats, produced, accepted=3)
     assert stats.speculative_iterations - iterations >= 38  # drafting, but for the occasional timed probe
+
+
+def test_guard_drafts_shorter_instead_of_falling_back_where_a_verify_pass_grows_with_its_length():
+    # bf16 on an AVX2-only CPU: a verify pass over k drafts costs about 1 + 0.5 k single steps. With 2 of 4
+    # drafts accepted, 4-token drafts lose (0.82x predicted, 0.95x realized) but 1-token drafts pay (1.08x).
+    stats, step, produced = Stats(), 0.010, 0
+    guard = Guard(stats, max_k=8, min_acceptance=0.0, costs=None)  # timed costs, as bundle run judges
+    while stats.speculative_iterations < WARMUP_ITERATIONS + PATIENCE:
+        if not guard.drafting(produced):  # a timed plain step (a probe)
+            stats.step_time_s, stats.steps_timed, produced = stats.step_time_s + step, stats.steps_timed + 1, produced + 1
+            continue
+        k = min(4, guard.k_cap)
+        accepted = min(2, k)
+        verify_s, draft_s = step * (1 + 0.5 * k), k * 0.04 * step
+        stats.record_verify(k, accepted)
+        stats.draft_time_s, stats.draft_steps_timed = stats.draft_time_s + draft_s, stats.draft_steps_timed + k
+        stats.verify_time_s, stats.verifies_timed = stats.verify_time_s + verify_s, stats.verifies_timed + 1
+        stats.verify_time_by_k[k] = stats.verify_time_by_k.get(k, 0.0) + verify_s
+        stats.verifies_by_k[k] = stats.verifies_by_k.get(k, 0) + 1
+        produced += accepted + 1
+        guard.observe(k, accepted, verify_s + draft_s, produced)
+    assert stats.verify_slope == pytest.approx(0.5)
+    assert guard.k_cap == 1 and stats.fallback is None
+
+
+def test_best_predicted_speedup_with_a_verify_cost_that_grows_with_the_draft():
+    # a = 2/3, c = 0.04: k = 4 with v = 3 predicts 0.82x, k = 1 with v = 1.5 predicts 1.08x
+    speedup, k = best_predicted_speedup(2 / 3, 0.04, 3.0, 8, verify_slope=0.5)
+    assert k == 1 and speedup == pytest.approx((1 - (2 / 3) ** 2) / ((1 / 3) * 1.54))
+    assert best_predicted_speedup(2 / 3, 0.04, 1.0, 8)[1] == 5  # a flat verify cost favours longer drafts
 
 
 def test_guard_falls_back_when_acceptance_is_below_the_kitfile_minimum(target, drafts):
