@@ -15,12 +15,12 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from bundler.contentcheck import check_content
 from bundler.errors import BundleError
 from bundler.kitfile import Kitfile, load_kitfile, pickle_files
-from bundler.layerread import TOKENIZER_FILES, LayerScan
+from bundler.layerread import TOKENIZER_FILES
 
 # The settings of the README's decoding benchmark (demo/Kitfile): what the measured speed-up used.
 DEFAULT_SPECULATIVE: dict[str, Any] = {
@@ -178,24 +178,6 @@ model:
 """
 
 
-def check_context(context: Path, kitfile: Kitfile) -> tuple[str, dict[str, Any]]:
-    """The checks verify and run make that need no store and no weights loaded, on a context directory.
-
-    verify's roles check (over the context's files instead of layer scans), then runner.run.preflight: pickle
-    weights, config.json validity, the tokenizer gate, config agreement, pairing, the draft vocabulary.
-    Returns (tokenizer fingerprint, pairing); raises the BundleError run would raise.
-    """
-    from bundler.runbundle import runner_params
-    from bundler.verify import _roles
-    from runner.run import preflight
-
-    scans = {spec.path: LayerScan(files={str(p.relative_to(context)): p.stat().st_size for p in (context / spec.path).rglob("*") if p.is_file()})
-             for spec in kitfile.layers}
-    _roles(SimpleNamespace(layers=[(spec, None) for spec in kitfile.layers]), scans)  # type: ignore[arg-type]
-    checked = preflight(context, kitfile.role_paths(), runner_params(kitfile.parameters))
-    return checked["fingerprint"], checked["pairing"]
-
-
 def init_context(
     target: Path,
     draft: Path,
@@ -253,14 +235,14 @@ def init_context(
         ]
         (staging / "Kitfile").write_text(kitfile_text(name, version, model_name, description, dtype, speculative), encoding="utf-8")
         kitfile = load_kitfile(staging)  # the schema, the kitops model, every path, no pickle: as pack checks
-        fingerprint, pairing = check_context(staging, kitfile)
+        checked = check_content(staging, kitfile)  # what verify and run would refuse, refused here
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp made it 0700; a context is an ordinary directory
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     skipped = sources["target"][1] + sources["draft"][1]
-    return InitResult(out, kitfile, roles, fingerprint, pairing, dtype, skipped)
+    return InitResult(out, kitfile, roles, checked.fingerprint, checked.pairing, dtype, skipped)
 
 
 def _move_into_place(staging: Path, out: Path) -> None:
