@@ -69,16 +69,16 @@ def _their_logits(llm, prompt: list[int], position: int) -> torch.Tensor:
     llm.reset()
     for i, _ in enumerate(llm.generate(prompt, temp=0.0, repeat_penalty=1.0, reset=True)):
         if i == position:
-            pointer = llamacpp_logits_pointer(llm)
-            return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(llm.n_vocab(),)).copy())
+            return _last_logits(llm)
     raise ValueError(f"their generation ended before token {position}")
 
 
-def llamacpp_logits_pointer(llm):
-    """The last logits row of a llama-cpp-python context (`llama_get_logits_ith(ctx, -1)`)."""
+def _last_logits(llm) -> torch.Tensor:
+    """A copy of the last logits row of a llama-cpp-python context (`llama_get_logits_ith(ctx, -1)`)."""
     import llama_cpp
 
-    return ctypes.cast(llama_cpp.llama_get_logits_ith(llm.ctx, -1), ctypes.POINTER(ctypes.c_float))
+    pointer = ctypes.cast(llama_cpp.llama_get_logits_ith(llm.ctx, -1), ctypes.POINTER(ctypes.c_float))
+    return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(llm.n_vocab(),)).copy())
 
 
 def replay(engine, tokens: list[int], calls: Sequence[tuple[int, int]], position: int) -> torch.Tensor:
