@@ -166,17 +166,25 @@ def init(store: Store, target_dir: str, draft_dir: str, tokenizer_dir: str | Non
 @click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
 @command
 def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float) -> None:
-    """Pack CONTEXT into a ModelKit in the store; the last line printed is the manifest digest."""
-    from bundler.modelkit import load_modelkit
-    from bundler.pack import pack as do_pack
+    """Pack CONTEXT into a ModelKit in the store; the last line printed is the manifest digest.
+
+    Refused before anything is written: content `verify` or `run` would refuse (roles, the tokenizer gate,
+    config.json, pairing; memory is left to `run`), and a name and version already signed here with other content.
+    """
+    from bundler.pack import pack_checked
     from bundler.sign import sign_modelkit
 
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), _password()) if key_path else None  # fail before packing
     for tick in _progress():
-        result = do_pack(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick)
+        result, checked = pack_checked(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick)
+    p = checked.pairing
+    click.echo(f"checked: tokenizer {checked.fingerprint}; {p['target_family']} pair ({checked.format}), "
+               f"{p['target_parameters']:,} / {p['draft_parameters']:,} parameters (ratio {p['size_ratio']:.1f})")
     click.echo(f"packed {result.ref}: {len(result.layers)} layers, {len(result.files)} files")
     if private is not None:
+        from bundler.modelkit import load_modelkit
+
         mk = load_modelkit(store, parsed)
         signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days)
         click.echo(f"signed by {signed.key_id[:16]}… (signature {signed.signature_digest})")
@@ -189,15 +197,12 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
 @click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
 @command
 def sign(store: Store, ref: str, key_path: str, valid_days: float) -> None:
-    """Sign a bundle already in the store."""
-    from bundler.modelkit import load_modelkit
-    from bundler.sign import sign_modelkit
-    from bundler.verify import verify_bundle
+    """Sign a bundle already in the store; refused where `bundle pack --key` would refuse it."""
+    from bundler.sign import sign_checked
 
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), _password())
-    verify_bundle(store, parsed, {}, allow_unsigned=True).raise_for_error()  # never sign a damaged bundle
-    signed = sign_modelkit(store, load_modelkit(store, parsed), private, valid_days=valid_days)
+    signed = sign_checked(store, parsed, private, valid_days)
     click.echo(f"signed {parsed} ({signed.digest}) by {signed.key_id[:16]}…\n{signed.signature_digest}")
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from bundler import keys, signature
 from bundler.errors import BundleError
 from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
 from bundler.modelkit import ModelKit
+from bundler.refs import Ref
 from bundler.store import Store
 from bundler.tarlayer import iter_layer
 
@@ -113,16 +114,15 @@ def _own_expired(store: Store, subject_digest: str, public_key: Any) -> list[str
     return out
 
 
-def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:
-    """Signature artifacts in the store whose subject is `subject_digest`, with their Sigstore bundle bytes."""
-    found: list[tuple[Descriptor, bytes]] = []
+def _signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]]:
+    """Every readable signature artifact in the store: (its descriptor, its subject's digest, its Sigstore bundle bytes)."""
     for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
         try:
             _, manifest = store.read_json_blob(desc)
         except BundleError:
             continue  # a damaged signature artifact counts as no signature; verify then says so
         subject = manifest.get("subject") if isinstance(manifest, dict) else None
-        if not isinstance(subject, dict) or subject.get("digest") != subject_digest:
+        if not isinstance(subject, dict) or not isinstance(subject.get("digest"), str):
             continue
         layers = manifest.get("layers")
         if not isinstance(layers, list) or len(layers) != 1:
@@ -134,5 +134,57 @@ def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor,
             data, _ = store.read_json_blob(layer)
         except BundleError:
             continue
-        found.append((desc, data))
+        yield desc, subject["digest"], data
+
+
+def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:
+    """Signature artifacts in the store whose subject is `subject_digest`, with their Sigstore bundle bytes."""
+    return [(desc, data) for desc, subject, data in _signature_artifacts(store) if subject == subject_digest]
+
+
+def signed_releases(store: Store, name: str, version: str) -> set[str]:
+    """The manifest digests this store knows as release `name version`, signed: the signatures it holds
+    (their predicate's name, version and manifest digest, over that very subject) and the digests verify
+    remembers for its rollback check (.specbundle/versions.json).
+
+    Signatures are read, not verified: the store keeps only those it made or pull verified, and this only
+    decides what pack and sign refuse to make, never what is trusted.
+    """
+    from bundler.verify import ROLLBACK_STATE, _memory  # verify imports this module
+
+    found: set[str] = set()
+    for _, subject, data in _signature_artifacts(store):
+        claims = signature.read_unverified(data)
+        fields = claims.bundle if claims is not None else {}
+        if (fields.get("name"), fields.get("version"), fields.get("manifest_digest")) == (name, version, subject):
+            found.add(subject)
+    remembered = _memory(store.state(ROLLBACK_STATE), name)["digests"].get(version)
+    if isinstance(remembered, str):
+        found.add(remembered)
     return found
+
+
+def check_new_release(store: Store, name: str, version: str, digest: str) -> None:
+    """Refuse to make `name version` with content `digest` when the store has that release signed with other
+    content: verify would refuse one of the two as a replaced release (`rollback`). The same content passes."""
+    other = sorted(signed_releases(store, name, version) - {digest})
+    if other:
+        raise BundleError("rollback", f"{name} {version} is already signed in this store with other content "
+                          f"({other[0][:19]}…): raise package.version in the Kitfile for a new release")
+
+
+def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = DEFAULT_VALID_DAYS) -> SignResult:
+    """`bundle sign`: refuse what `bundle pack --key` refuses, then sign. In order: verify's integrity checks
+    (no signature needed yet: a damaged bundle is never signed), the content checks verify and run make
+    (bundler.contentcheck, on the files extracted into a private temp directory), and no other content
+    signed in this store as the same name and version."""
+    from bundler.contentcheck import check_stored
+    from bundler.verify import verify_bundle  # verify imports this module
+
+    report = verify_bundle(store, ref, {}, allow_unsigned=True)
+    report.raise_for_error()
+    mk = report.modelkit
+    assert mk is not None
+    check_stored(store, report)
+    check_new_release(store, mk.kitfile.name, mk.kitfile.version, mk.digest)
+    return sign_modelkit(store, mk, private_key, valid_days=valid_days)
