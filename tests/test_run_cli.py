@@ -18,6 +18,7 @@ from bundler.runbundle import run_bundle as run_in_process
 from bundler.store import Store
 from conftest import assert_matches_schema, run_bundle
 from tests.tinymodels import make_pair, write_tokenizer, train_tokenizer
+from tests.unchecked_pack import pack_unchecked
 
 REF = "tiny-spec:1.0.0"
 
@@ -107,7 +108,7 @@ def test_run_refuses_an_untrusted_signer(signed: dict[str, Path], other_keypair:
 def test_run_refuses_a_pairing_violation(tmp_path: Path, keypair: tuple[Path, Path], speculative: dict, code: str) -> None:
     make_pair(tmp_path / "ctx", speculative=speculative)
     store = tmp_path / "store"
-    run_bundle("pack", str(tmp_path / "ctx"), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    pack_unchecked(tmp_path / "ctx", REF, store, keypair[0])  # `bundle pack` refuses it (tests/test_pack_checks.py); run's refusal is tested
     _refused_before_loading(store, _trusted(keypair[1]), code)
 
 
@@ -117,7 +118,7 @@ def test_run_refuses_another_model_family(tmp_path: Path, keypair: tuple[Path, P
     config["model_type"] = "gpt2"
     (paths["draft"] / "config.json").write_text(json.dumps(config))
     store = tmp_path / "store"
-    run_bundle("pack", str(paths["root"]), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    pack_unchecked(paths["root"], REF, store, keypair[0])  # `bundle pack` refuses it (tests/test_pack_checks.py); run's refusal is tested
     _refused_before_loading(store, _trusted(keypair[1]), "model-family")
 
 
@@ -131,7 +132,7 @@ def test_run_refuses_a_draft_with_another_tokenizer(tmp_path: Path, keypair: tup
     paths = make_pair(tmp_path / "ctx")
     write_tokenizer(paths["draft"], train_tokenizer(300))  # the draft carries its own, different tokenizer
     store = tmp_path / "store"
-    run_bundle("pack", str(paths["root"]), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    pack_unchecked(paths["root"], REF, store, keypair[0])  # `bundle pack` refuses it (tests/test_pack_checks.py); run's refusal is tested
     before = runner.loading.LOADS
     result = run_bundle("run", REF, "--prompt", "x", "--key", str(keypair[1]), "--store", str(store))
     assert result.code == 4, result.err
