@@ -13,10 +13,12 @@ How a model loads (`load_model`):
    initialisation), and takes the tensors as its parameters (`from_pretrained(None, state_dict=...)`:
    tied embeddings, non-persistent buffers and the dtype are transformers' own logic; no file is reopened).
 
-Peak memory is the weights in the run dtype once (plus the files' bytes when they are stored in another
-dtype: they are all read before they are converted).
+`load_models` loads a target and its draft: the files of both are read and hashed in one pool of threads,
+then the models are built one after the other. Peak memory is the weights in the run dtype once (plus the
+files' bytes when they are stored in another dtype: they are all read before they are converted).
 
-`LOADS` counts calls to `load_model`, so a test can prove that a refusal came before any weight was read.
+`LOADS` counts the models `load_model`/`load_models` were asked for, so a test can prove that a refusal came
+before any weight was read.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from bundler.errors import BundleError
@@ -128,15 +131,6 @@ def _expected(expected: Mapping[str, str] | None, path: Path) -> str | None:
     return want
 
 
-def read_verified_files(files: Mapping[Path, FileRange], expected: Mapping[str, str] | None) -> list[mmap.mmap | bytearray]:
-    """Each file's bytes, read once from where they are and (with `expected`: file name -> sha256 hex)
-    hashed, in parallel threads; in `files`' order."""
-    wants = [_expected(expected, p) for p in files]  # an unverified file is refused before anything is read
-    workers = max(1, min(len(files), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_read_once, files, files.values(), wants))
-
-
 def tensors_from_buffer(buf: mmap.mmap | bytearray, name: str) -> dict:
     """The tensors of one safetensors file held in `buf`, as views into it (no copy)."""
     import torch
@@ -173,6 +167,17 @@ def tensors_from_buffer(buf: mmap.mmap | bytearray, name: str) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """One model to load: its directory, its role (for messages), the signed sha256 of its files (file name
+    -> hex; None: not checked) and its weight files that lie inside layer blobs (see runner.modelinfo)."""
+
+    model_dir: Path
+    role: str = "model"
+    expected_sha256: Mapping[str, str] | None = None
+    ranges: Ranges | None = None
+
+
 def load_model(
     model_dir: Path, dtype: str, device: str, *, expected_sha256: Mapping[str, str] | None = None, role: str = "model",
     ranges: Ranges | None = None,
@@ -185,21 +190,48 @@ def load_model(
     extracted -> FileRange). Raises BundleError: "digest-mismatch" for a changed file or blob,
     "invalid-bundle" for a config or checkpoint that does not fit.
     """
+    return load_models([ModelFiles(Path(model_dir), role, expected_sha256, ranges)], dtype, device)[0]
+
+
+def load_models(models: Sequence[ModelFiles], dtype: str, device: str) -> list:
+    """Several models (a target and its draft) as `load_model` loads each, the files of all of them read and
+    hashed in one pool of threads (so a small draft's files do not wait, one core idle, for the target),
+    then built one after another. Every model's files are checked before any is read."""
     global LOADS
-    LOADS += 1
+    LOADS += len(models)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr is for the one error line
     hf_logging.set_verbosity_error()
-    model_dir = Path(model_dir)
-    check_weight_files(model_dir, role, ranges)
     dt = torch_dtype(dtype)
-    shards = shard_files(model_dir, ranges)
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise BundleError("invalid-bundle", f"{role} has no config.json")
-    # config.json is hashed with the weights; the first thread reads it, the others the shards.
-    buffers = read_verified_files({config_path: FileRange.whole(config_path), **shards}, expected_sha256)
+    plans: list[tuple[ModelFiles, dict[Path, FileRange]]] = []
+    reads: list[tuple[Path, FileRange, str | None]] = []
+    for model in models:
+        check_weight_files(model.model_dir, model.role, model.ranges)
+        shards = shard_files(model.model_dir, model.ranges)
+        config_path = model.model_dir / "config.json"
+        if not config_path.is_file():
+            raise BundleError("invalid-bundle", f"{model.role} has no config.json")
+        # config.json is hashed with the weights, from the buffer it is parsed from.
+        files = {config_path: FileRange.whole(config_path), **shards}
+        # an unverified file is refused before anything is read
+        reads += [(path, where, _expected(model.expected_sha256, path)) for path, where in files.items()]
+        plans.append((model, shards))
+    # largest first: the threads then finish together
+    order = sorted(range(len(reads)), key=lambda i: -reads[i][1].length)
+    workers = max(1, min(len(reads), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        done = dict(zip(order, pool.map(lambda i: _read_once(*reads[i]), order)))
+    buffers = [done.pop(i) for i in range(len(reads))]
+    built = []
+    for model, shards in plans:
+        mine, buffers = buffers[: 1 + len(shards)], buffers[1 + len(shards) :]
+        built.append(_build(model.role, mine, shards, dt).to(device).eval())
+    return built
+
+
+def _build(role: str, buffers: list, shards: Mapping[Path, FileRange], dt):
+    """The model from its verified buffers: config.json's first, then each shard's, in `shards`' order."""
     try:
         config_dict = json.loads(bytes(buffers.pop(0)))
     except (ValueError, UnicodeDecodeError):
@@ -215,8 +247,7 @@ def load_model(
             # A shard in another dtype is converted now, so its buffer is freed before the next one's turn.
             state_dict[key] = tensor.to(dt) if tensor.is_floating_point() and tensor.dtype != dt else tensor
         del tensors
-    model = _from_state_dict(config, state_dict, dt, role)
-    return model.to(device).eval()
+    return _from_state_dict(config, state_dict, dt, role)
 
 
 def _from_state_dict(config, state_dict: dict, dt, role: str):

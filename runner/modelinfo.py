@@ -228,8 +228,8 @@ def _activation_bytes(config: dict, element_bytes: int, prompt_tokens: int, step
 
 def _loader_bytes(model_dir: Path, element_bytes: int, ranges: Ranges | None = None) -> int:
     """Memory runner.loading holds beyond the weights: the buffers of shards stored in another dtype than
-    the run's (all shards are read, in parallel, before they are converted); else nothing (the tensors
-    are views of the buffers)."""
+    the run's (all shards of target and draft are read, in parallel, before they are converted); else
+    nothing (the tensors are views of the buffers)."""
     extra = 0
     for path, where in safetensors_files(model_dir, ranges).items():
         tensors = read_safetensors_header(path, where)
@@ -270,7 +270,7 @@ def estimate_memory(
         from_config = config_parameters(config) if all(config.get(k) for k in REQUIRED_INT_FIELDS) else 0
         params[role] = max(count_parameters(directory, ranges), from_config)
         activations = max(activations, _activation_bytes(config, element, prompt_tokens, draft_tokens + 1))
-        loader = max(loader, _loader_bytes(directory, element, ranges))
+        loader += _loader_bytes(directory, element, ranges)  # both models' files are read before either is converted
     weights = (params["target"] + params["draft"]) * element
     kv = max_tokens * (_kv_bytes_per_token(configs["target"], element) + _kv_bytes_per_token(configs["draft"], element))
     total = weights + kv + activations + loader

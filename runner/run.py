@@ -20,7 +20,7 @@ from bundler.errors import BundleError
 from runner import compact_llama
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.gguf_model import bundle_format
-from runner.loading import check_weight_files, load_model
+from runner.loading import ModelFiles, check_weight_files, load_models
 from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pairing import check_memory, check_pairing
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
@@ -238,10 +238,11 @@ def load_pair(
                              draft_tokens=draft_tokens, ranges=ranges)
     check_memory(memory, memory_budget, device)
     load_start = time.perf_counter()
-    target = runtime_target(load_model(dirs["target"], dtype, device, role="target", ranges=ranges,
-                                       expected_sha256=_verified_digests(verified_files, roles["target"])))
-    draft = runtime_draft(load_model(dirs["draft"], dtype, device, role="draft", ranges=ranges,
-                                        expected_sha256=_verified_digests(verified_files, roles["draft"])), checked)
+    target, draft = load_models(
+        [ModelFiles(dirs[role], role, _verified_digests(verified_files, roles[role]), ranges) for role in ("target", "draft")],
+        dtype, device,
+    )
+    target, draft = runtime_target(target), runtime_draft(draft, checked)
     return LoadedPair(
         tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
         eos_ids=_eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
