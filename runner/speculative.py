@@ -29,6 +29,12 @@ DECAY = 0.9  # the guard judges a recent window: its sums decay by this per spec
 RETRY_AFTER = 16  # after a fallback, plain tokens before a trial of speculation; doubles per failed trial
 RETRY_AFTER_MAX = 256
 TRIAL_ITERATIONS = 4  # speculative iterations a trial lasts before it is judged
+# What speculation may cost, measured by the clock: its iterations' time beyond what plain decoding would
+# have taken for the tokens they produced may not exceed LOSS_FLOOR target steps plus LOSS_BUDGET of the
+# plain time of all tokens so far. Beyond it the guard falls back at once, and a trial starts only once
+# the run is back within budget: a draft that does not pay costs about the floor, on any CPU.
+LOSS_FLOOR = 1.5
+LOSS_BUDGET = 0.01
 
 
 @dataclass
@@ -240,8 +246,11 @@ class Guard:
     higher. Below 1 (or acceptance below min_acceptance) PATIENCE times in a row: plain decoding, then a
     short trial of speculation after RETRY_AFTER tokens, the wait doubling after each failed trial. Drafts
     often agree better later in an answer (code after its introduction) than at its start, and a failed
-    trial of a useless draft costs a few draft steps. `costs` (draft step, verify pass, in target steps)
-    replaces the timed ones when given: the decisions then depend on no clock.
+    trial of a useless draft costs a few draft steps. Besides, what speculation has cost so far, by the
+    clock, is kept within a budget (LOSS_FLOOR, LOSS_BUDGET): over it, plain decoding at once, and no trial
+    until the run is within it again. Where only a shorter draft is predicted to pay (a verify pass that
+    grows with its length), drafts are capped to that length. `costs` (draft step, verify pass, in target
+    steps) replaces the timed ones when given: the decisions then depend on no clock.
     """
 
     def __init__(self, stats: Stats, max_k: int, min_acceptance: float, costs: tuple[float, float] | None) -> None:
@@ -252,12 +261,13 @@ class Guard:
         self.trial = False
         self.retry_after = RETRY_AFTER
         self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
+        self.first: tuple[float, int] | None = None  # the first iteration (cold caches, the draft's prompt prefill)
 
     def drafting(self, produced: int) -> bool:
         """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
         stats = self.stats
         if self.plain_until is not None:
-            if produced < self.plain_until:
+            if produced < self.plain_until or self._over_budget(produced):
                 return False
             self.plain_until, self.trial, self.window, self.iterations, self.below = None, True, [0.0] * 4, 0, 0
             stats.fallback["retries"] += 1
@@ -265,13 +275,38 @@ class Guard:
             stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
         )  # a few plain steps early, then one now and then: the baseline follows the context's growth
 
+    def lost_steps(self) -> float | None:
+        """Target steps the speculative iterations took beyond plain decoding of the tokens they produced
+        (negative: gained); None without a clock (a cost model) or before a plain step was timed."""
+        step = self.stats.step_time
+        if self.costs or not step:
+            return None
+        skip_s, skip_tokens = self.first or (0.0, 0)  # not counted: it pays for the draft's prefill and warm-up
+        return (self.stats.spec_time_s - skip_s - (self.stats.spec_tokens - skip_tokens) * step) / step
+
+    def _over_budget(self, produced: int) -> bool:
+        lost = self.lost_steps()
+        return lost is not None and lost > LOSS_FLOOR + LOSS_BUDGET * produced
+
+    def _fall_back(self, produced: int, reason: str) -> None:
+        if self.stats.fallback is None:
+            self.stats.fallback = {"at_token": produced, "reason": reason, "retries": 0, "resumed": 0}
+        self.plain_until, self.trial = produced + self.retry_after, False
+        self.retry_after = min(2 * self.retry_after, RETRY_AFTER_MAX)
+
     def observe(self, drafted: int, accepted: int, seconds: float, produced: int) -> None:
         """One speculative iteration; then the verdict, which may switch to plain decoding."""
         w = self.window
         self.window = [w[0] * DECAY + accepted, w[1] * DECAY + (accepted < drafted), w[2] * DECAY + seconds,
                        w[3] * DECAY + accepted + 1]
         self.iterations += 1
+        if self.first is None:
+            self.first = (seconds, accepted + 1)
         stats = self.stats
+        if self._over_budget(produced):
+            self._fall_back(produced, f"speculation cost {self.lost_steps():.1f} target steps more than plain decoding "
+                                      f"(budget {LOSS_FLOOR:g} + {LOSS_BUDGET:.0%} of the tokens)")
+            return
         cost, verify = self.costs or (stats.cost_ratio, stats.verify_cost_ratio)
         if self.iterations < (TRIAL_ITERATIONS if self.trial else WARMUP_ITERATIONS) or cost is None or verify is None:
             return
@@ -299,12 +334,8 @@ class Guard:
         self.below += 1
         if not self.trial and self.below < PATIENCE:
             return
-        if stats.fallback is None:
-            reason = (f"predicted speed-up {speedup:.2f} < 1 (acceptance {acceptance:.2f}, cost ratio {cost:.2f})"
-                      if speedup < 1.0 else f"acceptance {acceptance:.2f} < min_acceptance {self.min_acceptance:g}")
-            stats.fallback = {"at_token": produced, "reason": reason, "retries": 0, "resumed": 0}
-        self.plain_until, self.trial = produced + self.retry_after, False
-        self.retry_after = min(2 * self.retry_after, RETRY_AFTER_MAX)
+        self._fall_back(produced, f"predicted speed-up {speedup:.2f} < 1 (acceptance {acceptance:.2f}, cost ratio {cost:.2f})"
+                        if speedup < 1.0 else f"acceptance {acceptance:.2f} < min_acceptance {self.min_acceptance:g}")
 
 
 @torch.inference_mode()
