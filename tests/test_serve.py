@@ -373,3 +373,22 @@ def test_serve_with_attest_key_leaves_a_signed_record_of_the_served_requests(tmp
     assert predicate["kind"] == "serve" and predicate["totals"]["requests"] == 2
     assert predicate["totals"]["tokens"] == sum(u.completion_tokens for u in usages)
     assert records[0]["statement"]["subject"][0]["digest"]["sha256"] == load_modelkit(Store(store), parse_ref(REF)).digest.split(":", 1)[1]
+
+
+def test_a_gguf_bundle_serves_on_the_llama_cpp_engine_with_bundle_runs_greedy_text(tmp_path: Path, keypair) -> None:
+    from tests.test_gguf_bench import gguf_context
+
+    store = tmp_path / "store"
+    run_bundle("pack", str(gguf_context(tmp_path / "ctx")), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
+    srv = Server(store, keypair[1])
+    try:
+        models = srv.client().models.list().data
+        assert models[0].model_extra["specbundle"]["engine"] == "llama.cpp"
+        served = srv.client().completions.create(model=REF, prompt="the quick brown fox", max_tokens=12, temperature=0).choices[0].text
+        health = httpx.get(srv.url + "/health").json()
+    finally:
+        assert srv.stop() == 0
+    ran = run_bundle("run", REF, "--prompt", "the quick brown fox", "--raw", "--max-new-tokens", "12", "--key", str(keypair[1]),
+                     "--store", str(store), "--json", check=True)
+    assert served == json.loads(ran.out)["text"] and json.loads(ran.out)["engine"] == "llama.cpp"
+    assert health["status"] in ("ok", "degraded") and health["bundle"]["ref"] == REF
