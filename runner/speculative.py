@@ -261,13 +261,12 @@ class Guard:
         self.trial = False
         self.retry_after = RETRY_AFTER
         self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
-        self.first: tuple[float, int] | None = None  # the first iteration (cold caches, the draft's prompt prefill)
 
     def drafting(self, produced: int) -> bool:
         """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
         stats = self.stats
         if self.plain_until is not None:
-            if produced < self.plain_until or self._over_budget(produced):
+            if produced < self.plain_until or not self._trial_affordable(produced):
                 return False
             self.plain_until, self.trial, self.window, self.iterations, self.below = None, True, [0.0] * 4, 0, 0
             stats.fallback["retries"] += 1
@@ -281,8 +280,18 @@ class Guard:
         step = self.stats.step_time
         if self.costs or not step:
             return None
-        skip_s, skip_tokens = self.first or (0.0, 0)  # not counted: it pays for the draft's prefill and warm-up
-        return (self.stats.spec_time_s - skip_s - (self.stats.spec_tokens - skip_tokens) * step) / step
+        # The draft's prefill of the prompt (and its catch-up after plain decoding) is not counted: plain
+        # decoding of the target has a prefill too, and the draft's is a small share of it.
+        stats = self.stats
+        return (stats.spec_time_s - stats.draft_prefill_s - stats.spec_tokens * step) / step
+
+    def _trial_affordable(self, produced: int) -> bool:
+        """A trial of speculation only where the budget leaves room for what an iteration has cost so far."""
+        lost = self.lost_steps()
+        if lost is None:
+            return True
+        per_iteration = max(lost, 0.0) / max(self.stats.speculative_iterations, 1)
+        return lost + per_iteration <= LOSS_FLOOR + LOSS_BUDGET * produced
 
     def _over_budget(self, produced: int) -> bool:
         lost = self.lost_steps()
@@ -300,8 +309,6 @@ class Guard:
         self.window = [w[0] * DECAY + accepted, w[1] * DECAY + (accepted < drafted), w[2] * DECAY + seconds,
                        w[3] * DECAY + accepted + 1]
         self.iterations += 1
-        if self.first is None:
-            self.first = (seconds, accepted + 1)
         stats = self.stats
         if self._over_budget(produced):
             self._fall_back(produced, f"speculation cost {self.lost_steps():.1f} target steps more than plain decoding "
@@ -403,6 +410,8 @@ def generate_speculative(
             if len(pending) <= 2:  # a step that also prefilled the prompt is not a draft step's cost
                 stats.draft_time_s += t1 - t0
                 stats.draft_steps_timed += kk
+            else:
+                stats.draft_prefill_s += t1 - t0
             stats.verify_time_s += t2 - t1
             stats.verifies_timed += 1
             stats.verify_time_by_k[kk] = stats.verify_time_by_k.get(kk, 0.0) + t2 - t1

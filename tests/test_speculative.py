@@ -270,6 +270,7 @@ def test_what_a_useless_draft_costs_stays_within_the_guards_budget():
         produced = _timed_iteration(guard, stats, produced, step, k=3, accepted=0, verify_steps=2.5)
     assert stats.fallback is not None and stats.fallback["reason"].startswith("speculation cost")
     assert stats.fallback["at_token"] < 8  # within a few iterations, not after the warm-up and patience
+    assert stats.fallback["retries"] == 0  # no trial: the budget has no room for another losing iteration yet
     lost = guard.lost_steps()
     assert lost <= LOSS_FLOOR + LOSS_BUDGET * produced + 1.65  # at most one iteration past the budget
     # over 256 tokens: the first (uncounted) iteration plus the rest, under 3% of plain decoding's time
