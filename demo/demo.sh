@@ -29,8 +29,8 @@ step "3. a signing key (ECDSA P-256)"
 KEY=$WORK/keys/bundle.pub
 
 step "4. pack and sign"
-$BUNDLE pack $WORK/ctx -t $REF >/dev/null   # same content: nothing new is stored
-if $BUNDLE verify $REF --key $KEY >/dev/null 2>&1; then
+# Same content: nothing new is stored. Other content under the signed version: pack refuses it ([rollback]).
+if $BUNDLE pack $WORK/ctx -t $REF >/dev/null 2>&1 && $BUNDLE verify $REF --key $KEY >/dev/null 2>&1; then
   echo "already packed and signed: $REF"
 else
   # New content under the same version: start a fresh demo store (verify would call it a rollback).
@@ -71,8 +71,7 @@ cp demo/BUNDLE_README_GGUF.md $WORK/ctx-gguf/README.md
 ls -l $WORK/ctx-gguf/*
 
 step "10. pack, sign and verify the GGUF bundle"
-$BUNDLE pack $WORK/ctx-gguf -t $GREF >/dev/null
-if $BUNDLE verify $GREF --key $KEY >/dev/null 2>&1; then
+if $BUNDLE pack $WORK/ctx-gguf -t $GREF >/dev/null 2>&1 && $BUNDLE verify $GREF --key $KEY >/dev/null 2>&1; then
   echo "already packed and signed: $GREF"
 else
   # New content under the same version: a fresh demo store, both bundles packed and signed again.
