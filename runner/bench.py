@@ -55,6 +55,24 @@ def _timed(prompts: Sequence[list[int]], generate: Callable[[list[int]], tuple[l
     return run
 
 
+def interleaved_rounds(methods: Mapping[str, Callable[[list[int]], tuple[list[int], Any]]], ids: Sequence[list[int]],
+                       repeat: int, say: Callable[[str], None]) -> list[dict[str, Run]]:
+    """`repeat` rounds over the prompts, prompt by prompt, every method in turn (the order rotating): a
+    machine that speeds up or slows down during the bench (other load, clocks) then moves every method
+    alike, and the ratios stay fair."""
+    names = list(methods)
+    rounds: list[dict[str, Run]] = []
+    for r in range(max(repeat, 1)):
+        runs = {name: Run() for name in names}
+        for i, x in enumerate(ids):
+            say(f"round {r + 1}/{max(repeat, 1)}, prompt {i + 1}/{len(ids)}")
+            turn = (i + r) % len(names)
+            for name in names[turn:] + names[:turn]:
+                _timed([x], methods[name], into=runs[name])
+        rounds.append(runs)
+    return rounds
+
+
 def _hf_assisted(target, draft, eos: set[int], max_new_tokens: int, k: int | None) -> Callable[[list[int]], tuple[list[int], Any]]:
     """transformers' assisted generation (greedy); k None: its defaults, else k tokens, constant schedule."""
     extra = {} if k is None else {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant"}
@@ -274,20 +292,10 @@ def bench_unpacked(
     say("warming up")
     for model in {id(m): m for m in (target, fast_target, draft, *others.values())}.values():
         generate_plain(model, ids[0], 8, eos_ids=eos)
-    # Prompt by prompt, every method in turn (the order rotating): a machine that speeds up or slows down
-    # during the bench (other load, clocks) then moves every method alike, and the ratios stay fair.
-    names = list(methods)
-    rounds: list[dict[str, Run]] = []
-    for r in range(max(repeat, 1)):
-        runs = {name: Run() for name in names}
-        for i, x in enumerate(ids):
-            say(f"round {r + 1}/{max(repeat, 1)}, prompt {i + 1}/{len(ids)}")
-            turn = (i + r) % len(names)
-            for name in names[turn:] + names[:turn]:
-                _timed([x], methods[name], into=runs[name])
+    rounds = interleaved_rounds(methods, ids, repeat, say)
+    for runs in rounds:
         runs[f"target_only_{dtype}"] = runs["target_only"]
         runs.setdefault("runner_plain", runs["target_only"])  # a target our forward does not run: transformers'
-        rounds.append(runs)
     draft_only = _timed(ids[:2], plain(draft))  # for the cost ratio
     del others
     ratios = [_ratios(runs) for runs in rounds]

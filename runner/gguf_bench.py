@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from runner import gguf_model
-from runner.bench import Run, _pooled, _timed, speculation_figures
+from runner.bench import Run, _pooled, _timed, interleaved_rounds, speculation_figures
 from runner.engines import llamacpp
 from runner.gguf_run import GGUFTokenizer
 from runner.machine import machine_info
@@ -198,19 +198,10 @@ def bench_gguf(
     for engine in (target, draft):
         generate_plain(engine, ids[0], 8, eos_ids=eos)
     _their_generate(theirs, eos, 8)(ids[0])
-    names = list(methods)
-    rounds: list[dict[str, Run]] = []
-    for r in range(max(repeat, 1)):
-        runs = {name: Run() for name in names}
-        for i, x in enumerate(ids):
-            say(f"round {r + 1}/{max(repeat, 1)}, prompt {i + 1}/{len(ids)}")
-            turn = (i + r) % len(names)
-            for name in names[turn:] + names[:turn]:
-                _timed([x], methods[name], into=runs[name])
-        rounds.append(runs)
+    rounds = interleaved_rounds(methods, ids, repeat, say)
     draft_only = _timed(ids[:2], plain(draft))  # for the cost ratio
     ratios = [_ratios(rnd) for rnd in rounds]
-    runs = {name: _pooled([rnd[name] for rnd in rounds]) for name in names}
+    runs = {name: _pooled([rnd[name] for rnd in rounds]) for name in methods}
     runs["runner_plain"] = runs["target_only"]  # our plain decoding is the target alone here
     runs["draft_only"] = draft_only
     figures = speculation_figures(runs, k)
