@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from bundler.errors import BundleError
-from runner import compact_llama
-from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.gguf_model import bundle_format
 from runner.loading import ModelFiles, check_weight_files, load_models
 from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
@@ -126,6 +124,8 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping, ranges: Ran
         path = (dirs["draft"] / str(params["draft_vocab"])).resolve()
         if not path.is_relative_to(dirs["draft"].resolve()) or not path.is_file():
             raise BundleError("invalid-bundle", f"draft_vocab {params['draft_vocab']!r} is not a file in the draft directory")
+        from runner.draft_vocab import read_draft_vocab  # torch: imported only where a bundle needs it
+
         draft_vocab = read_draft_vocab(path, load_spec(tokenizer_dir).vocab_size)
     return {"dirs": dirs, "tokenizer_dir": tokenizer_dir, "fingerprint": fingerprint, "pairing": pairing, "draft_vocab": draft_vocab}
 
@@ -133,12 +133,17 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping, ranges: Ran
 def runtime_target(target):
     """The target as the loop runs it: through our compact forward when its architecture allows (see
     runner.compact_llama; the same logits, less time per call), else through transformers."""
+    from runner import compact_llama
+
     return compact_llama.CompactLlama(target) if compact_llama.supports(target.config) else target
 
 
 def runtime_draft(draft, checked: Mapping):
     """The draft as the loop runs it: through our compact forward when its architecture allows (see
     runner.compact_llama), scoring only the bundle's draft vocabulary when it names one."""
+    from runner import compact_llama
+    from runner.draft_vocab import SubsetHeadDraft
+
     ids = checked.get("draft_vocab")
     if compact_llama.supports(draft.config):
         return compact_llama.CompactLlama(draft, ids)
@@ -147,6 +152,8 @@ def runtime_draft(draft, checked: Mapping):
 
 def forward_path(model) -> str:
     """Which forward a model runs through: "compact" (runner.compact_llama) or "transformers"."""
+    from runner import compact_llama
+
     return "compact" if isinstance(model, compact_llama.CompactLlama) else "transformers"
 
 
