@@ -21,7 +21,6 @@ Written with the `gguf` package's GGUFWriter; llama.cpp's own converter is not u
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -33,13 +32,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the project's root
+
+from demo.convert_target import CACHE, GGUF_NAME, sha256_file  # noqa: E402
+
 DEMO = Path(__file__).resolve().parent
 ROOT = DEMO.parent
 WORK = DEMO / "work"
 DRAFT_DIR = DEMO / "draft"
 OUT = WORK / "gguf" / "draft" / "draft.gguf"
 RECORD = WORK / "gguf" / "draft.json"
-TARGET_GGUF = DEMO / "cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # where convert_target.py leaves it
+TARGET_GGUF = CACHE / GGUF_NAME  # where convert_target.py leaves it
 CHECK_PROMPTS = ROOT / "benchmarks" / "prompts.jsonl"
 CHECK_TOKENS = 48
 FORMAT = 1  # bump when the written bytes change for the same inputs: a rerun then writes the file again
@@ -58,15 +61,6 @@ LAYER_NAMES = {
 }
 GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                 "lm_head.weight": "output.weight"}
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
