@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,15 @@ def run_bundle(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
     if check and proc.returncode != 0:
         raise AssertionError(f"bundle {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
     return result
+
+
+def copy_store(store: Path, tmp_path: Path) -> Path:
+    """A writable copy of a store (blobs are read-only files), for a test that changes it."""
+    dest = tmp_path / "store"
+    shutil.copytree(store, dest)
+    for path in dest.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
 
 
 def tree_digest(root: Path) -> str:

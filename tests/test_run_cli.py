@@ -4,7 +4,6 @@ weights are loaded (unsigned, tampered, untrusted signer, pairing, memory, token
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref
 from bundler.runbundle import run_bundle as run_in_process
 from bundler.store import Store
-from conftest import assert_matches_schema, run_bundle
+from conftest import assert_matches_schema, copy_store, run_bundle
 from tests.tinymodels import make_pair, write_tokenizer, train_tokenizer
 from tests.unchecked_pack import pack_unchecked
 
@@ -31,14 +30,6 @@ def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path])
     store = base / "store"
     run_bundle("pack", str(base / "ctx"), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
     return {"base": base, "ctx": base / "ctx", "store": store}
-
-
-def _copy_store(signed: dict[str, Path], tmp_path: Path) -> Path:
-    dest = tmp_path / "store"
-    shutil.copytree(signed["store"], dest)
-    for path in dest.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return dest
 
 
 def _refused_before_loading(store: Path, trusted: dict, code: str, **options) -> None:
@@ -82,7 +73,7 @@ def test_run_refuses_an_unsigned_bundle(signed: dict[str, Path], tmp_path: Path,
 
 
 def test_run_refuses_a_tampered_bundle(signed: dict[str, Path], tmp_path: Path, keypair: tuple[Path, Path]) -> None:
-    store = _copy_store(signed, tmp_path)
+    store = copy_store(signed["store"], tmp_path)
     mk = load_modelkit(Store(store), parse_ref(REF))
     blob = Store(store).blob_path(next(d for s, d in mk.layers if s.role == "draft").digest)
     data = bytearray(blob.read_bytes())

@@ -4,7 +4,6 @@ changed after verification is refused; small files and the preflight work as the
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from bundler.refs import parse_ref
 from bundler.runbundle import run_bundle as run_in_process, verified_view
 from bundler.store import Store
 from bundler.unpack import unpack
-from conftest import run_bundle
+from conftest import copy_store, run_bundle
 from runner.modelinfo import FileRange, estimate_memory
 from runner.run import run_unpacked
 from tests.tinymodels import make_pair
@@ -38,14 +37,6 @@ def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path])
 def _trusted(pub: Path) -> dict:
     key = load_public_key(pub)
     return {key_id(key): key}
-
-
-def _copy_store(signed: dict[str, Path], tmp_path: Path) -> Path:
-    dest = tmp_path / "store"
-    shutil.copytree(signed["store"], dest)
-    for path in dest.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return dest
 
 
 def test_the_checkout_holds_no_weight_file_only_ranges_of_the_verified_blobs(signed, keypair) -> None:
@@ -85,7 +76,7 @@ def test_the_memory_preflight_reads_headers_from_the_ranges(signed, keypair) -> 
 
 
 def test_a_blob_changed_between_verification_and_loading_is_refused(signed, keypair, tmp_path, monkeypatch) -> None:
-    store = _copy_store(signed, tmp_path)
+    store = copy_store(signed["store"], tmp_path)
     real_load_pair = runner.run.load_pair
     flipped: list[str] = []
 
@@ -110,7 +101,7 @@ def test_a_blob_changed_between_verification_and_loading_is_refused(signed, keyp
 
 
 def test_a_blob_changed_before_run_is_refused_by_verify_with_exit_3(signed, keypair, tmp_path) -> None:
-    store = _copy_store(signed, tmp_path)
+    store = copy_store(signed["store"], tmp_path)
     with verified_view(Store(store), parse_ref(REF), _trusted(keypair[1])) as checkout:
         where = next(r for p, r in checkout.weights.items() if p.startswith("target/"))
     data = bytearray(where.path.read_bytes())
