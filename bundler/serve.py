@@ -1,8 +1,9 @@
 """`bundle serve`: one verified, loaded pair behind an OpenAI-compatible HTTP API (FastAPI on uvicorn), with
 Prometheus metrics (prometheus_client), a health state driven by the acceptance rate, and a status page.
 
-One decoding worker thread owns the models; requests wait in a bounded FIFO queue. The HTTP side is asyncio:
-the worker hands text back to the request's event loop with `call_soon_threadsafe`.
+One decoding worker thread owns the models (it loads them too, see serve_bundle); requests wait in a bounded
+FIFO queue. The HTTP side is asyncio: the worker hands text back to the request's event loop with
+`call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -119,11 +120,11 @@ class Engine:
         self.recent_tps: collections.deque[float] = collections.deque(maxlen=HEALTH_WINDOW)
         self.lock = threading.Lock()
         self.loaded = True
-        self.worker = threading.Thread(target=self._work, name="specbundle-decoder", daemon=True)
-        self.worker.start()
+        self.worker = threading.current_thread()  # the thread that built the engine runs work()
 
     # -- the worker ---------------------------------------------------------------------------------
-    def _work(self) -> None:
+    def work(self) -> None:
+        """The decoding loop over the queue, until stop(); run by the thread that loaded the pair."""
         while True:
             job = self.jobs.get()
             self.metrics.queue_depth.set(self.jobs.qsize())
@@ -245,7 +246,8 @@ class Engine:
 
     def stop(self, timeout: float = 30.0) -> None:
         self.jobs.put(None)
-        self.worker.join(timeout)
+        if self.worker is not threading.current_thread():
+            self.worker.join(timeout)
 
     def live(self) -> dict[str, Any]:
         """Figures for the status page."""
@@ -524,16 +526,33 @@ def serve_bundle(
 
     from bundler.runbundle import loaded_bundle
 
-    with loaded_bundle(store, ref, trusted, (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS), **options) as (pair, info, report):
-        engine = Engine(pair, info, verify_checks(report), max_queue, time_limit_s,
-                        on_record=on_record(report, pair) if on_record else None)
-        app = build_app(engine, api_key)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=int(min(time_limit_s, 60)), lifespan="off")
-        server = _server_class()(config)
-        if on_ready:
-            on_ready({**engine.info, "url": f"http://{host}:{port}"})
+    # One thread loads the pair and then decodes with it; the main thread only runs the event loop. Why not
+    # load here: the OpenMP pool torch's (libgomp's) first parallel op creates stays with the thread that
+    # made it, and once more OpenMP threads exist than cores libgomp throttles every pool's spin-wait. A
+    # worker decoding beside the loader's idle pool ran 0.61x `bundle run` on 2 cores (benchmarks/serve.py).
+    handoff: queue.Queue = queue.Queue()
+
+    def own_the_models() -> None:
         try:
-            server.run()  # handles SIGTERM/SIGINT: stops accepting, waits for open requests, returns
-        finally:
-            engine.stop()
+            with loaded_bundle(store, ref, trusted, (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS), **options) as (pair, info, report):
+                engine = Engine(pair, info, verify_checks(report), max_queue, time_limit_s,
+                                on_record=on_record(report, pair) if on_record else None)
+                handoff.put(engine)
+                engine.work()
+        except BaseException as exc:  # noqa: BLE001 - a refusal while loading is raised again by the main thread
+            handoff.put(exc)
+
+    threading.Thread(target=own_the_models, name="specbundle-decoder", daemon=True).start()
+    engine = handoff.get()
+    if isinstance(engine, BaseException):
+        raise engine
+    app = build_app(engine, api_key)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=int(min(time_limit_s, 60)), lifespan="off")
+    server = _server_class()(config)
+    if on_ready:
+        on_ready({**engine.info, "url": f"http://{host}:{port}"})
+    try:
+        server.run()  # handles SIGTERM/SIGINT: stops accepting, waits for open requests, returns
+    finally:
+        engine.stop()  # the decoder finishes its loop and leaves loaded_bundle (the checkout is released)
