@@ -55,7 +55,7 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0  # timed draft steps (draft prefill excluded)
     draft_steps_timed: int = 0
-    draft_prefill_s: float = 0.0  # draft steps that also ran a prompt or the tokens of a plain run (catch-up)
+    draft_prefill_s: float = 0.0  # the draft's first step, which also ran the prompt
     verify_time_s: float = 0.0  # timed verify passes
     verifies_timed: int = 0
     verify_time_by_k: dict[int, float] = field(default_factory=dict)  # the same, per number of drafts in the pass

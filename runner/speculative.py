@@ -5,7 +5,7 @@ all of them in one pass, the longest agreeing prefix is kept plus one token of t
 both caches are cropped back to what was kept. Greedy output is the target's greedy output token for
 token; sampled output follows the target's distribution exactly (accept with min(1, p/q), else resample
 from max(p - q, 0) normalised). Invariant between iterations: the target's cache holds every token but
-`last`; the draft's cache holds every token but `pending`.
+`last`; the draft's cache holds every token but those in `behind`.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ RETRY_AFTER_MAX = 256
 TRIAL_ITERATIONS = 4  # speculative iterations a trial lasts before it is judged
 # What speculation may cost, measured by the clock: its iterations' time beyond what plain decoding would
 # have taken for the tokens they produced may not exceed LOSS_FLOOR target steps plus LOSS_BUDGET of the
-# plain time of all tokens so far. Beyond it the guard falls back at once, and a trial starts only once
-# the run is back within budget: a draft that does not pay costs about the floor, on any CPU.
-LOSS_FLOOR = 1.5
-LOSS_BUDGET = 0.01
+# plain time of all tokens so far. An iteration starts only where the budget has room for what one has
+# cost so far, and beyond it the guard falls back at once; a trial starts only once the run is back within
+# budget: a draft that does not pay costs about the floor, on any CPU. The floor is one losing iteration:
+# on a CPU where a verify pass costs 2-3 steps (AVX2), what a useless draft costs is a step or two per answer.
+LOSS_FLOOR = 1.0
+LOSS_BUDGET = 0.005
 
 
 @dataclass
@@ -266,10 +268,14 @@ class Guard:
         """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
         stats = self.stats
         if self.plain_until is not None:
-            if produced < self.plain_until or not self._trial_affordable(produced):
+            if produced < self.plain_until or not self._affordable(produced):
                 return False
             self.plain_until, self.trial, self.window, self.iterations, self.below = None, True, [0.0] * 4, 0, 0
             stats.fallback["retries"] += 1
+        elif stats.speculative_iterations and not self._affordable(produced):
+            self._fall_back(produced, f"speculation cost {self.lost_steps():.1f} target steps more than plain decoding; "
+                                      f"another iteration would pass the budget ({LOSS_FLOOR:g} + {LOSS_BUDGET:.1%} of the tokens)")
+            return False
         return stats.speculative_iterations == 0 or not (
             stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
         )  # a few plain steps early, then one now and then: the baseline follows the context's growth
@@ -280,13 +286,13 @@ class Guard:
         step = self.stats.step_time
         if self.costs or not step:
             return None
-        # The draft's prefill of the prompt (and its catch-up after plain decoding) is not counted: plain
-        # decoding of the target has a prefill too, and the draft's is a small share of it.
+        # The draft's prefill of the prompt is not counted (plain decoding of the target has a prefill too, and
+        # the draft's is a small share of it); its catch-up over the tokens of a plain run is: a trial's cost.
         stats = self.stats
         return (stats.spec_time_s - stats.draft_prefill_s - stats.spec_tokens * step) / step
 
-    def _trial_affordable(self, produced: int) -> bool:
-        """A trial of speculation only where the budget leaves room for what an iteration has cost so far."""
+    def _affordable(self, produced: int) -> bool:
+        """Another iteration (or a trial) only where the budget leaves room for what one has cost so far."""
         lost = self.lost_steps()
         if lost is None:
             return True
@@ -312,7 +318,7 @@ class Guard:
         stats = self.stats
         if self._over_budget(produced):
             self._fall_back(produced, f"speculation cost {self.lost_steps():.1f} target steps more than plain decoding "
-                                      f"(budget {LOSS_FLOOR:g} + {LOSS_BUDGET:.0%} of the tokens)")
+                                      f"(budget {LOSS_FLOOR:g} + {LOSS_BUDGET:.1%} of the tokens)")
             return
         cost, verify = self.costs or (stats.cost_ratio, stats.verify_cost_ratio)
         if self.iterations < (TRIAL_ITERATIONS if self.trial else WARMUP_ITERATIONS) or cost is None or verify is None:
@@ -390,27 +396,39 @@ def generate_speculative(
     target.reset(room)
     draft.reset(room)
     last = _prefill(target, ids, stats)
-    pending = ids  # the draft's prefill comes with its first step
+    behind = [ids]  # what the draft's cache lacks: the prompt (its prefill comes with its first step)
     done = max_new_tokens <= 0
     while not done:
         budget = min(k, judge.k_cap if judge else k, max_new_tokens - len(tokens) - 1) if judge is None or judge.drafting(len(tokens)) else 0
-        t0 = time.perf_counter()
-        drafts, q = _draft(draft, pending, budget, sampler, draft_confidence)
-        kk = len(drafts)
-        sync()
-        t1 = time.perf_counter()
-        stats.target_calls.append((target.length(), kk + 1))
-        logits = target.forward(torch.cat([last, drafts]), last_only=False)
-        n, last, new = verify(logits, drafts, q, sampler)
-        t2 = time.perf_counter()
-        stats.target_passes += 1
-        if kk:
+        kk = 0
+        if budget <= 0:  # one target step: a guard probe, the last token, or plain decoding after a fallback
+            t1 = time.perf_counter()
+            stats.target_calls.append((target.length(), 1))
+            last, _ = sampler.pick(target.forward(last, last_only=True))
+            new = last.tolist()
+            stats.step_time_s += time.perf_counter() - t1
+            stats.target_passes += 1
+            stats.plain_steps += 1
+            stats.steps_timed += 1
+            behind.append(last)  # the draft catches up when it drafts again
+        else:
+            pending = behind[0] if len(behind) == 1 else torch.cat(behind)
+            t0 = time.perf_counter()
+            drafts, q = _draft(draft, pending, budget, sampler, draft_confidence)
+            kk = len(drafts)
+            sync()
+            t1 = time.perf_counter()
+            stats.target_calls.append((target.length(), kk + 1))
+            logits = target.forward(torch.cat([last, drafts]), last_only=False)
+            n, last, new = verify(logits, drafts, q, sampler)
+            t2 = time.perf_counter()
+            stats.target_passes += 1
             stats.record_verify(kk, n)
             stats.draft_passes += kk
-            if len(pending) <= 2:  # a step that also prefilled the prompt is not a draft step's cost
+            if len(pending) <= 2:  # a step that also ran the prompt or a catch-up is not a draft step's cost
                 stats.draft_time_s += t1 - t0
                 stats.draft_steps_timed += kk
-            else:
+            elif stats.speculative_iterations == 1:  # the prompt's (this pass is counted above); else a catch-up
                 stats.draft_prefill_s += t1 - t0
             stats.verify_time_s += t2 - t1
             stats.verifies_timed += 1
@@ -422,14 +440,9 @@ def generate_speculative(
                 target.crop(kk - n)
                 if kk - 1 - n:
                     draft.crop(kk - 1 - n)
-                pending = last
+                behind = [last]
             else:  # all accepted: the draft has not run its own last token yet
-                pending = torch.cat([drafts[-1:], last])
-        else:  # one target step: a guard probe, the last token, or plain decoding after a fallback
-            stats.plain_steps += 1
-            stats.step_time_s += t2 - t1
-            stats.steps_timed += 1
-            pending = torch.cat([pending, last])  # the draft catches up when it drafts again
+                behind = [drafts[-1:], last]
         new, done = _finish(tokens, new, max_new_tokens, eos)
         tokens += new
         if on_tokens and on_tokens(new):  # the caller asks to stop here (a client gone, a stop string)
