@@ -89,11 +89,13 @@ def torch_dtype(dtype: str):
 
 
 def _buffer(size: int) -> mmap.mmap | bytearray:
-    """A writable buffer of `size` bytes: private anonymous memory, its pages mapped in one call
-    (MAP_POPULATE). Measured here, reading 1 GiB into it took 0.83 s; into a bytearray, which first zeroes
-    every byte in Python, 1.74 s; into unpopulated memory, one page fault per 4 KiB, 1.08 s."""
+    """A writable buffer of `size` bytes: private anonymous memory, its pages mapped as the read fills them.
+    Not MAP_POPULATE: measured here (2-core AMD EPYC, transparent huge pages on), populating the two 1 GiB
+    shards of the 1B-class target took 0.8 to 4.1 s from one run to the next, and 4.7 s each when the two
+    reading threads did it at once; faulting the pages in during the read took 1.5 to 1.9 s for both shards,
+    read and hashed in parallel. A bytearray first zeroes every byte in Python (1.74 s per GiB)."""
     if size and hasattr(mmap, "MAP_PRIVATE"):
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return bytearray(size)
 
 
@@ -221,13 +223,31 @@ def load_models(models: Sequence[ModelFiles], dtype: str, device: str) -> list:
     order = sorted(range(len(reads)), key=lambda i: -reads[i][1].length)
     workers = max(1, min(len(reads), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = dict(zip(order, pool.map(lambda i: _read_once(*reads[i]), order)))
+        pending = {i: pool.submit(_read_once, *reads[i]) for i in order}
+        for model in models:  # while the files are read and hashed (no GIL held there)
+            _import_classes(model.model_dir)
+        done = {i: future.result() for i, future in pending.items()}
     buffers = [done.pop(i) for i in range(len(reads))]
     built = []
     for model, shards in plans:
         mine, buffers = buffers[: 1 + len(shards)], buffers[1 + len(shards) :]
         built.append(_build(model.role, mine, shards, dt).to(device).eval())
     return built
+
+
+def _import_classes(model_dir: Path) -> None:
+    """Imports transformers' config and model classes for the model's type. The imports take ~3 s of one
+    core (transformers pulls in torch.distributed and dynamo with them) and need no weights: done while the
+    weights are read and hashed, they hide that read (measured on the 1B-class target of benchmarks/scale.py).
+    The type comes from config.json as written; it only chooses what to import, and anything wrong with it is
+    reported by _build, from the verified bytes."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[json.loads((model_dir / "config.json").read_text())["model_type"]]]
+    except Exception:  # noqa: BLE001 - only a head start; _build reports what is wrong
+        pass
 
 
 def _build(role: str, buffers: list, shards: Mapping[Path, FileRange], dt):
