@@ -277,6 +277,18 @@ def test_what_a_useless_draft_costs_stays_within_the_guards_budget():
     assert (lost + 1.65) / produced < 0.03
 
 
+def test_no_iteration_starts_that_the_budget_has_no_room_for():
+    # One-token drafts, always rejected, each iteration losing 0.6 steps: after the first, a second would
+    # take the loss to 1.2 steps, past the floor, so the guard falls back before it rather than after.
+    stats, step, produced = Stats(), 0.010, 0
+    guard = Guard(stats, max_k=6, min_acceptance=0.0, costs=None)
+    while produced < 32:  # (a trial fits the budget from about token 40: 1.2 <= 1 + 0.5% of the tokens)
+        produced = _timed_iteration(guard, stats, produced, step, k=1, accepted=0, verify_steps=1.55)
+    assert stats.fallback is not None and "another iteration would pass the budget" in stats.fallback["reason"]
+    assert stats.speculative_iterations == 1
+    assert guard.lost_steps() == pytest.approx(0.6) and guard.lost_steps() <= LOSS_FLOOR
+
+
 def test_best_predicted_speedup_with_a_verify_cost_that_grows_with_the_draft():
     # a = 2/3, c = 0.04: k = 4 with v = 3 predicts 0.82x, k = 1 with v = 1.5 predicts 1.08x
     speedup, k = best_predicted_speedup(2 / 3, 0.04, 3.0, 8, verify_slope=0.5)
