@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Mapping
 from bundler import runrecord
 from bundler.refs import Ref
 from bundler.store import Store
-from bundler.unpack import extract_leaving_in_blobs, extract_verified, make_writable
+from bundler.unpack import extract_leaving_in_blobs, make_writable
 from bundler.verify import VerifyReport, verify_bundle
 
 WEIGHT_SUFFIX = ".safetensors"  # left in the blobs; GGUF files are extracted (llama.cpp opens a path)
@@ -65,21 +65,6 @@ def verified_view(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterato
         weights = {path: FileRange(span.blob, span.offset, span.size) for path, span in spans.items()}
         timings = {"verify_s": verified - start, "extract_s": time.perf_counter() - verified}
         yield Checkout(root, report, weights, timings)
-
-
-@contextlib.contextmanager
-def verified_checkout(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterator[tuple[Path, VerifyReport, dict[str, float]]]:
-    """Verify the bundle (a trusted signature required), then extract every file, weights included, into a
-    private read-only temp directory, each file hashed while written; removed afterwards. Yields (root,
-    report, {"verify_s", "extract_s"}). For callers that need the weights as files (bench, until it takes
-    weight ranges); run and serve use `verified_view`, which writes no weights."""
-    start = time.perf_counter()
-    report = verify_bundle(store, ref, trusted)
-    report.raise_for_error()
-    verified = time.perf_counter()
-    with _private_dir() as root:
-        extract_verified(store, report, root, read_only=True)
-        yield root, report, {"verify_s": verified - start, "extract_s": time.perf_counter() - verified}
 
 
 def _runner_args(report: VerifyReport, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -140,9 +125,10 @@ def loaded_bundle(
 
 
 def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: list[str], **options: Any) -> dict[str, Any]:
-    """Verify, extract, then benchmark the pair (runner.bench) on `prompts`."""
+    """Verify, extract the small files, then benchmark the pair (runner.bench) on `prompts`, the weights read
+    from their verified blobs as `bundle run` reads them."""
     from runner.bench import bench_unpacked
 
-    with verified_checkout(store, ref, trusted) as (root, report, _timings):
-        result = bench_unpacked(root, prompts=prompts, **_runner_args(report), **options)
-    return {"bundle": _bundle_info(ref, report), **result}
+    with verified_view(store, ref, trusted) as checkout:
+        result = bench_unpacked(checkout.root, prompts=prompts, **_runner_args(checkout.report, checkout.weights), **options)
+    return {"bundle": _bundle_info(ref, checkout.report), **result}

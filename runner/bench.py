@@ -16,7 +16,8 @@ import torch
 from runner.gguf_model import bundle_format
 from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
-from runner.run import _eos_ids, _prompt_ids, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
+from runner.modelinfo import FileRange
+from runner.run import _eos_ids, _prompt_ids, _ranges, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
 from runner.machine import machine_info
 from runner.speculative import _logits, _new_cache, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
@@ -245,9 +246,11 @@ def bench_unpacked(
     repeat: int = 1,
     device: str | None = None,
     verified_files: Mapping[str, str] | None = None,
+    weight_ranges: Mapping[str, FileRange] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every method on the same prompts in this process; tokens/s, ratios, acceptance, costs, identity.
+    weight_ranges: weight files left inside their layer blobs, as run_unpacked takes them.
 
     repeat: rounds over all prompts; the speed-ups are then the medians of the rounds' (`rounds`), tokens/s
     and acceptance are over all rounds, and identity, fallbacks and per-prompt figures are the first round's."""
@@ -263,13 +266,15 @@ def bench_unpacked(
     device = _resolve_device(device)
     dtype = str(params.get("dtype") or "float32")
     k = int(draft_tokens or params.get("draft_tokens", 5))
-    checked = preflight(root, roles, params)
+    ranges = _ranges(root, weight_ranges)
+    checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
     ids = [_prompt_ids(tokenizer, p, raw=False) for p in prompts]
     eos = _eos_ids(tokenizer, dirs["target"])
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
-    load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]))  # noqa: E731
+    load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]),  # noqa: E731
+                                       ranges=ranges)
     target, plain_draft = load("target", dtype), load("draft", dtype)
     # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
     # models as transformers loads them.
