@@ -392,3 +392,46 @@ def test_a_gguf_bundle_serves_on_the_llama_cpp_engine_with_bundle_runs_greedy_te
                      "--store", str(store), "--json", check=True)
     assert served == json.loads(ran.out)["text"] and json.loads(ran.out)["engine"] == "llama.cpp"
     assert health["status"] in ("ok", "degraded") and health["bundle"]["ref"] == REF
+
+
+def test_the_decoding_thread_loads_the_pair_and_refusals_reach_the_caller(tmp_path: Path, keypair, monkeypatch) -> None:
+    # libgomp throttles every OpenMP pool's spin-wait once more threads exist than cores, and the pool of the
+    # thread that first ran torch stays alive: a pair loaded on the main thread and decoded on another ran
+    # at 0.6x (benchmarks/serve.py). So the thread that loads the pair is the one that decodes with it.
+    import runner.run
+    from bundler import serve
+    from bundler.errors import BundleError
+    from bundler.keys import key_id, load_public_key
+    from bundler.refs import parse_ref
+
+    store = Store(_pack(tmp_path, keypair))
+    key = load_public_key(keypair[1])
+    threads: dict[str, threading.Thread] = {}
+    load_pair, work = runner.run.load_pair, serve.Engine.work
+
+    def recording_load_pair(*args, **kwargs):
+        threads["load"] = threading.current_thread()
+        return load_pair(*args, **kwargs)
+
+    def recording_work(self) -> None:
+        threads["decode"] = threading.current_thread()
+        work(self)
+
+    class NoServer:  # the HTTP side is tested through real server processes above
+        def __init__(self, _config) -> None:
+            pass
+
+        def run(self) -> None:
+            threads["http"] = threading.current_thread()
+
+    monkeypatch.setattr(runner.run, "load_pair", recording_load_pair)
+    monkeypatch.setattr(serve.Engine, "work", recording_work)
+    monkeypatch.setattr(serve, "_server_class", lambda: NoServer)
+    serve.serve_bundle(store, parse_ref(REF), {key_id(key): key}, port=0)
+    assert threads["load"] is threads["decode"] and threads["load"] is not threading.main_thread()
+    assert threads["http"] is threading.main_thread()
+    assert not threads["decode"].is_alive()  # stopped with the server, the checkout released
+
+    with pytest.raises(BundleError) as refused:  # an untrusted key: refused on the caller's thread, no server
+        serve.serve_bundle(store, parse_ref(REF), {}, port=0)
+    assert refused.value.code == "untrusted-signer" and refused.value.exit_code == 3
