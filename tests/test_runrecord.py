@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from bundler.manifest import OCI_MANIFEST, Descriptor
 from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref
 from bundler.store import Store
-from conftest import assert_matches_schema, run_bundle
+from conftest import assert_matches_schema, copy_store, run_bundle
 from registry_server import registry  # noqa: F401  (fixture)
 from tests.tinymodels import make_pair
 
@@ -41,14 +40,6 @@ def attested(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path
     ran = run_bundle("run", REF, "--prompt", PROMPT, "--max-new-tokens", "10", "--key", str(keypair[1]),
                      "--attest", str(other_keypair[0]), "--store", str(store), "--json", check=True)
     return {"store": store, "run": json.loads(ran.out), "ctx": base / "ctx"}
-
-
-def _copy(store: Path, tmp_path: Path) -> Path:
-    dest = tmp_path / "store"
-    shutil.copytree(store, dest)
-    for path in dest.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return dest
 
 
 def _trusted(*pubs: Path) -> dict:
@@ -108,7 +99,7 @@ def test_the_record_holds_no_prompt_or_output_text(attested: dict) -> None:
 
 
 def test_attest_prompts_records_only_their_sha256(attested: dict, tmp_path: Path, keypair, other_keypair) -> None:
-    store = _copy(attested["store"], tmp_path)
+    store = copy_store(attested["store"], tmp_path)
     ran = run_bundle("run", REF, "--prompt", PROMPT, "--max-new-tokens", "4", "--key", str(keypair[1]), "--attest", str(other_keypair[0]),
                      "--attest-prompts", "--store", str(store), "--json", check=True)
     out = json.loads(ran.out)
@@ -132,7 +123,7 @@ def test_a_record_by_an_untrusted_key_is_invalid(attested: dict, keypair, other_
 
 
 def test_a_flipped_byte_in_the_stored_record_is_invalid(attested: dict, tmp_path: Path, other_keypair) -> None:
-    store = _copy(attested["store"], tmp_path)
+    store = copy_store(attested["store"], tmp_path)
     _, layer = _envelope(store, _records(store)[0])
     blob = Store(store).blob_path(layer.digest)
     data = bytearray(blob.read_bytes())
@@ -151,7 +142,7 @@ def _restore(store: Path, envelope: dict, subject_ref: str) -> None:
 
 
 def test_a_changed_byte_in_the_signed_statement_is_invalid(attested: dict, tmp_path: Path, other_keypair) -> None:
-    store = _copy(attested["store"], tmp_path)
+    store = copy_store(attested["store"], tmp_path)
     envelope, _ = _envelope(store, _records(store)[0])
     payload = base64.b64decode(envelope["payload"])
     tokens = json.loads(payload)["predicate"]["totals"]["tokens"]
@@ -166,7 +157,7 @@ def test_a_changed_byte_in_the_signed_statement_is_invalid(attested: dict, tmp_p
 
 
 def test_a_record_moved_onto_another_bundle_is_invalid(attested: dict, tmp_path: Path, other_keypair) -> None:
-    store = _copy(attested["store"], tmp_path)
+    store = copy_store(attested["store"], tmp_path)
     envelope, _ = _envelope(store, _records(store)[0])
     _restore(store, envelope, OTHER)
     (check,) = _check(store, OTHER, _trusted(other_keypair[1]))
@@ -196,7 +187,7 @@ def test_attest_prompts_without_attest_is_a_usage_error(attested: dict, keypair)
 
 def test_a_recorder_counts_every_request_of_a_window_and_starts_a_new_one(attested: dict, tmp_path: Path, other_keypair) -> None:
     """serve's use: many requests, a record per window (hourly and at shutdown), an empty hourly window skipped."""
-    store = _copy(attested["store"], tmp_path)
+    store = copy_store(attested["store"], tmp_path)
     statement = _statement(store)["predicate"]
     s = Store(store)
     mk = load_modelkit(s, parse_ref(REF))
