@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundler.errors import BundleError
-from runner.modelinfo import DTYPE_BYTES, FileRange, Ranges, config_from_dict, safetensors_files, validate_config
+from runner.modelinfo import DTYPE_BYTES, FileRange, Ranges, config_from_dict, read_raw_config, safetensors_files, validate_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 INDEX_FILE = "model.safetensors.index.json"
@@ -245,7 +245,7 @@ def _import_classes(model_dir: Path) -> None:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-        MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[json.loads((model_dir / "config.json").read_text())["model_type"]]]
+        MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[read_raw_config(model_dir)["model_type"]]]
     except Exception:  # noqa: BLE001 - only a head start; _build reports what is wrong
         pass
 

@@ -413,6 +413,7 @@ def generate_speculative(
             behind.append(last)  # the draft catches up when it drafts again
         else:
             pending = behind[0] if len(behind) == 1 else torch.cat(behind)
+            with_prompt = not stats.speculative_iterations  # the draft's first step also runs the prompt
             t0 = time.perf_counter()
             drafts, q = _draft(draft, pending, budget, sampler, draft_confidence)
             kk = len(drafts)
@@ -428,7 +429,7 @@ def generate_speculative(
             if len(pending) <= 2:  # a step that also ran the prompt or a catch-up is not a draft step's cost
                 stats.draft_time_s += t1 - t0
                 stats.draft_steps_timed += kk
-            elif stats.speculative_iterations == 1:  # the prompt's (this pass is counted above); else a catch-up
+            elif with_prompt:  # else a catch-up over the tokens of a plain run, counted as the trial's cost
                 stats.draft_prefill_s += t1 - t0
             stats.verify_time_s += t2 - t1
             stats.verifies_timed += 1

@@ -165,6 +165,7 @@ def load_sentencepiece_spec(directory: Path) -> TokenizerSpec:
 
 
 _SPECS: dict[tuple, TokenizerSpec] = {}  # load_spec's results, by the files they were read from (see there)
+_SPECS_KEPT = 8  # a run asks for 3 directories at most; a long-lived process (tests, serve) keeps the newest
 
 
 def load_spec(tokenizer_dir_or_json: Path) -> TokenizerSpec:
@@ -184,6 +185,8 @@ def load_spec(tokenizer_dir_or_json: Path) -> TokenizerSpec:
     except OSError:
         return _load_spec(path)
     if key not in _SPECS:
+        if len(_SPECS) >= _SPECS_KEPT:
+            del _SPECS[next(iter(_SPECS))]  # the oldest
         _SPECS[key] = _load_spec(path)
     return _SPECS[key]
 
