@@ -11,7 +11,7 @@ read of every file), best of --rounds:
   bundle_verify  `bundle verify REF` alone
 
 Each is measured as the process's wall time from start to exit (imports included, as a user waits for them)
-and its peak resident memory (os.wait4's ru_maxrss). Prints a table and, last, one JSON line with the
+and its peak resident memory (os.wait4's ru_maxrss); the first token of both must be the same. Prints a table and, last, one JSON line with the
 acceptance checks of issue 16:
   peak_rss_ratio  = bundle_run / transformers                      (<= 1.25)
   ttft_budget_s   = bundle_verify + 1.2 x transformers             (bundle_run <= it)
@@ -174,11 +174,14 @@ def main() -> None:
         for name, cmd in commands.items():
             wall, rss, out = _run_measured(cmd)
             row = {"wall_s": wall, "peak_rss_bytes": rss}
+            if name == "transformers":
+                row["token"] = int(out.split()[-1])
             if name == "bundle_run":
                 report = json.loads(out)
                 row["timings"] = report.get("timings")
                 row["memory"] = report.get("memory")
                 row["forward"] = report.get("forward")
+                row["token"] = report["tokens"][0]
             print(f"round {r + 1} {name:14s} {wall:7.2f} s  peak RSS {rss / 2**30:6.2f} GiB", flush=True)
             if name not in best or wall < best[name]["wall_s"]:
                 best[name] = {**row, "peak_rss_bytes": min(rss, best.get(name, row)["peak_rss_bytes"])}
@@ -193,6 +196,7 @@ def main() -> None:
         "ttft_budget_s": verify["wall_s"] + 1.2 * hf["wall_s"],
         "rss_ok": run["peak_rss_bytes"] <= 1.25 * hf["peak_rss_bytes"],
         "ttft_ok": run["wall_s"] <= verify["wall_s"] + 1.2 * hf["wall_s"],
+        "same_token": hf["token"] == run["token"],  # the first greedy token, bf16: transformers' and ours
         "preflight_over_measured": (run["memory"] or {}).get("predicted_peak_bytes", 0) / run["peak_rss_bytes"],
         "load": os.getloadavg(),
     }

@@ -9,9 +9,12 @@ How a model loads (`load_model`):
    file changed after verification is refused ("digest-mismatch") instead of loaded;
 3. tensors are views into those buffers (the safetensors header parsed, `torch.frombuffer`: no copy);
    a shard whose dtype differs from the run dtype is converted and its buffer dropped;
-4. the model is built by transformers from the verified config, on the meta device (no random
-   initialisation), and takes the tensors as its parameters (`from_pretrained(None, state_dict=...)`:
-   tied embeddings, non-persistent buffers and the dtype are transformers' own logic; no file is reopened).
+4. with `compact` (bundle run, serve) a model runner.compact_llama computes exactly (Llama, Qwen2, Mistral
+   without sliding windows or RoPE scaling) whose tensors are exactly its checkpoint's is that forward over
+   the tensors as they are: transformers is not even imported (about 4 s of imports on this CPU). Every other
+   model is built by transformers from the verified config, on the meta device (no random initialisation),
+   and takes the tensors as its parameters (`from_pretrained(None, state_dict=...)`: tied embeddings,
+   non-persistent buffers and the dtype are transformers' own logic; no file is reopened).
 
 `load_models` loads a target and its draft: the files of both are read and hashed in one pool of threads,
 then the models are built one after the other. Peak memory is the weights in the run dtype once (plus the
@@ -195,16 +198,13 @@ def load_model(
     return load_models([ModelFiles(Path(model_dir), role, expected_sha256, ranges)], dtype, device)[0]
 
 
-def load_models(models: Sequence[ModelFiles], dtype: str, device: str) -> list:
+def load_models(models: Sequence[ModelFiles], dtype: str, device: str, compact: bool = False) -> list:
     """Several models (a target and its draft) as `load_model` loads each, the files of all of them read and
     hashed in one pool of threads (so a small draft's files do not wait, one core idle, for the target),
-    then built one after another. Every model's files are checked before any is read."""
+    then built one after another. Every model's files are checked before any is read. `compact`: a model
+    runner.compact_llama computes exactly comes back as a CompactLlama built without transformers (step 4)."""
     global LOADS
     LOADS += len(models)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # stderr is for the one error line
-    hf_logging.set_verbosity_error()
     dt = torch_dtype(dtype)
     plans: list[tuple[ModelFiles, dict[Path, FileRange]]] = []
     reads: list[tuple[Path, FileRange, str | None]] = []
@@ -225,39 +225,43 @@ def load_models(models: Sequence[ModelFiles], dtype: str, device: str) -> list:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending = {i: pool.submit(_read_once, *reads[i]) for i in order}
         for model in models:  # while the files are read and hashed (no GIL held there)
-            _import_classes(model.model_dir)
+            _import_classes(model.model_dir, compact)
         done = {i: future.result() for i, future in pending.items()}
     buffers = [done.pop(i) for i in range(len(reads))]
     built = []
     for model, shards in plans:
         mine, buffers = buffers[: 1 + len(shards)], buffers[1 + len(shards) :]
-        built.append(_build(model.role, mine, shards, dt).to(device).eval())
+        built.append(_build(model.role, mine, shards, dt, device, compact).eval())
     return built
 
 
-def _import_classes(model_dir: Path) -> None:
-    """Imports transformers' config and model classes for the model's type. The imports take ~3 s of one
-    core (transformers pulls in torch.distributed and dynamo with them) and need no weights: done while the
-    weights are read and hashed, they hide that read (measured on the 1B-class target of benchmarks/scale.py).
-    The type comes from config.json as written; it only chooses what to import, and anything wrong with it is
-    reported by _build, from the verified bytes."""
+def _import_classes(model_dir: Path, compact: bool) -> None:
+    """Imports transformers' config and model classes for the model's type, unless the compact forward will
+    run it. The imports take ~3 s of one core (transformers pulls in torch.distributed and dynamo with them)
+    and need no weights: done while the weights are read and hashed, they hide part of that read. The config
+    comes from config.json as written; it only chooses what to import, and anything wrong with it is reported
+    by _build, from the verified bytes."""
     try:
+        from runner.compact_llama import compact_config
+
+        raw = read_raw_config(model_dir)
+        if compact and compact_config(raw) is not None:
+            return
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-        MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[read_raw_config(model_dir)["model_type"]]]
+        MODEL_FOR_CAUSAL_LM_MAPPING[CONFIG_MAPPING[raw["model_type"]]]
     except Exception:  # noqa: BLE001 - only a head start; _build reports what is wrong
         pass
 
 
-def _build(role: str, buffers: list, shards: Mapping[Path, FileRange], dt):
+def _build(role: str, buffers: list, shards: Mapping[Path, FileRange], dt, device: str, compact: bool):
     """The model from its verified buffers: config.json's first, then each shard's, in `shards`' order."""
     try:
         config_dict = json.loads(bytes(buffers.pop(0)))
     except (ValueError, UnicodeDecodeError):
         raise BundleError("invalid-bundle", f"{role} config.json is not valid JSON") from None
     validate_config(config_dict, role)
-    config = config_from_dict(config_dict, role)
     state_dict: dict = {}
     for path in shards:
         tensors = tensors_from_buffer(buffers.pop(0), f"{role} {path.name}")
@@ -267,14 +271,24 @@ def _build(role: str, buffers: list, shards: Mapping[Path, FileRange], dt):
             # A shard in another dtype is converted now, so its buffer is freed before the next one's turn.
             state_dict[key] = tensor.to(dt) if tensor.is_floating_point() and tensor.dtype != dt else tensor
         del tensors
-    return _from_state_dict(config, state_dict, dt, role)
+    if compact:
+        from runner import compact_llama
+
+        config = compact_llama.compact_config(config_dict)
+        weights = config and compact_llama.weights_from_state_dict(config, {k: v.to(device) for k, v in state_dict.items()})
+        if weights is not None:
+            return compact_llama.CompactLlama(weights)
+    return _from_state_dict(config_from_dict(config_dict, role), state_dict, dt, role).to(device)
 
 
 def _from_state_dict(config, state_dict: dict, dt, role: str):
     """The model transformers builds for `config` on the meta device, taking `state_dict`'s tensors as its
     parameters (no random initialisation, no copy when the dtypes agree)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # stderr is for the one error line
+    hf_logging.set_verbosity_error()
     try:
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:

@@ -18,6 +18,7 @@ from typing import Any
 
 from bundler.errors import BundleError
 from runner.gguf_model import bundle_format
+from runner.lean_tokenizer import load_tokenizer
 from runner.loading import ModelFiles, check_weight_files, load_models
 from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pairing import check_memory, check_pairing
@@ -135,6 +136,8 @@ def runtime_target(target):
     runner.compact_llama; the same logits, less time per call), else through transformers."""
     from runner import compact_llama
 
+    if isinstance(target, compact_llama.CompactLlama):  # loaded as one (runner.loading, compact)
+        return target
     return compact_llama.CompactLlama(target) if compact_llama.supports(target.config) else target
 
 
@@ -145,6 +148,8 @@ def runtime_draft(draft, checked: Mapping):
     from runner.draft_vocab import SubsetHeadDraft
 
     ids = checked.get("draft_vocab")
+    if isinstance(draft, compact_llama.CompactLlama):  # loaded as one (runner.loading, compact)
+        return draft.with_vocab(ids) if ids else draft
     if compact_llama.supports(draft.config):
         return compact_llama.CompactLlama(draft, ids)
     return SubsetHeadDraft(draft, ids) if ids else draft
@@ -225,8 +230,6 @@ def load_pair(
     context: (prompt tokens, new tokens) the caches must hold, or a function of the tokenizer giving them
     (bundle run sizes memory for its own prompt). Other arguments as in `run_unpacked`.
     """
-    from transformers import AutoTokenizer
-
     device = _resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
@@ -238,7 +241,7 @@ def load_pair(
     ranges = _ranges(root, weight_ranges)
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
-    tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
+    tokenizer = load_tokenizer(checked["tokenizer_dir"])  # transformers' AutoTokenizer where a lean one would differ
     prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
     max_tokens = prompt_tokens + max_new_tokens + 2 * draft_tokens + 1  # a verify pass may look past the end
     memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=prompt_tokens,
@@ -247,7 +250,7 @@ def load_pair(
     load_start = time.perf_counter()
     target, draft = load_models(
         [ModelFiles(dirs[role], role, _verified_digests(verified_files, roles[role]), ranges) for role in ("target", "draft")],
-        dtype, device,
+        dtype, device, compact=True,
     )
     target, draft = runtime_target(target), runtime_draft(draft, checked)
     return LoadedPair(

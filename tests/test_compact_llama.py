@@ -4,6 +4,8 @@ draft beside the transformers path)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -124,3 +126,111 @@ def test_new_cache_reserves_the_room_asked_for_once() -> None:
     assert keys.shape[3] >= 300 and cache.get_seq_length() == 0
     _steps(model, cache, [torch.arange(3, 103), *torch.arange(103, 303).split(1)])
     assert cache.keys is keys and cache.get_seq_length() == 300  # filled to the brim without a copy
+
+
+# --- built without transformers (runner.loading, compact): what `bundle run` and `serve` run ---------------
+
+def _config_dicts():
+    """config.json as transformers writes it (in full and as save_pretrained's diff) and with fields left out."""
+    from tests.tinymodels import tiny_config
+
+    for arch in ("llama", "qwen2", "mistral"):
+        config = tiny_config(arch, V, hidden=64, layers=2, heads=4, kv_heads=2)
+        full, diff = config.to_dict(), config.to_diff_dict()
+        yield f"{arch}-full", full
+        yield f"{arch}-diff", diff
+        for left_out in ("num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings", "intermediate_size", "sliding_window"):
+            yield f"{arch}-no-{left_out}", {k: v for k, v in full.items() if k != left_out}
+        legacy = {k: v for k, v in full.items() if k != "rope_parameters"}
+        yield f"{arch}-legacy-rope", {**legacy, "rope_theta": 5000.0, "rope_scaling": None}
+        yield f"{arch}-scaled-rope", {**legacy, "rope_theta": 5000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+        yield f"{arch}-gelu", {**full, "hidden_act": "gelu"}
+    yield "qwen2-sliding", {**tiny_config("qwen2", V).to_dict(), "use_sliding_window": True, "max_window_layers": 1}
+
+
+@pytest.mark.parametrize("name,config", list(_config_dicts()), ids=[n for n, _ in _config_dicts()])
+def test_compact_config_reads_config_json_as_transformers_config_classes_do(name: str, config: dict) -> None:
+    """The defaults of a field config.json leaves out, the legacy RoPE fields and what is supported: as
+    transformers' own config class for that model_type reads the same dict."""
+    from transformers import AutoConfig
+
+    from runner.compact_llama import compact_config
+
+    rest = {k: v for k, v in config.items() if k != "model_type"}
+    theirs, ours = AutoConfig.for_model(config["model_type"], **rest), compact_config(config)
+    assert (ours is not None) == supports(theirs)
+    if ours is None:
+        return
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
+    assert ours.rope_parameters["rope_theta"] == theirs.rope_parameters["rope_theta"]
+
+
+def _files(tmp_path: Path, model) -> "ModelFiles":
+    import hashlib
+
+    from runner.loading import ModelFiles
+
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    return ModelFiles(tmp_path, "target", {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()})
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_a_model_loaded_without_transformers_gives_its_bfloat16_logits_bit_for_bit(tmp_path: Path, arch: str) -> None:
+    """bf16 from the same files: built from the checkpoint's tensors as they are (views of the hashed buffer,
+    no copy), the logits of transformers' model loaded from them, prefill, steps and a verify chunk."""
+    from runner.loading import load_models
+    from runner.modelinfo import read_safetensors_header
+    from tests.tinymodels import tiny_model
+
+    files = _files(tmp_path, tiny_model(arch, V, seed=4, hidden=64, layers=2, heads=4, kv_heads=2, init_std=0.2, dtype=torch.bfloat16))
+    (ours,), (theirs,) = load_models([files], "bfloat16", "cpu", compact=True), load_models([files], "bfloat16", "cpu")
+    assert isinstance(ours, CompactLlama) and not isinstance(theirs, CompactLlama)
+    header = read_safetensors_header(tmp_path / "model.safetensors")
+    layer = ours.weights.layers[1]
+    placed = {"model.embed_tokens.weight": ours.weights.embed, "model.norm.weight": ours.weights.norm,
+              "model.layers.1.self_attn.k_proj.weight": layer.k, "model.layers.1.mlp.down_proj.weight": layer.down}
+    base = ours.weights.embed.data_ptr() - header["model.embed_tokens.weight"]["data_offsets"][0]
+    assert {k: t.data_ptr() - base for k, t in placed.items()} == {k: header[k]["data_offsets"][0] for k in placed}
+    reference = CompactLlama(theirs)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    g = torch.Generator().manual_seed(1)
+    chunks = [torch.randint(3, V, (9,), generator=g), *torch.randint(3, V, (6,), generator=g).split(1), torch.randint(3, V, (4,), generator=g)]
+    for a, b in zip(_steps(ours, ours.new_cache(), chunks), _steps(reference, reference.new_cache(), chunks)):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+
+
+def test_a_checkpoint_that_is_not_exactly_the_configs_goes_to_transformers_and_its_checks(tmp_path: Path) -> None:
+    """An extra tensor: not built compact; transformers' build refuses it as before (exit 6)."""
+    from safetensors.torch import load_file, save_file
+
+    from bundler.errors import BundleError
+    from runner.loading import load_models
+
+    files = _files(tmp_path, tiny_llama(V, seed=3, hidden=32, layers=1, heads=4, kv_heads=2))
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(path)
+    save_file({**tensors, "model.layers.0.extra.weight": torch.zeros(4)}, str(path), metadata={"format": "pt"})
+    with pytest.raises(BundleError) as err:
+        load_models([files.__class__(files.model_dir, files.role)], "float32", "cpu", compact=True)
+    assert err.value.code == "invalid-bundle" and "unexpected" in str(err.value)
+
+
+def test_bundle_run_on_a_llama_pair_never_imports_transformers(tmp_path: Path) -> None:
+    """The whole of run_unpacked (gate, preflight, load, decode) in a fresh interpreter: transformers stays
+    unimported (its import is ~4 s of a `bundle run` on this CPU)."""
+    import subprocess
+    import sys
+
+    from tests.tinymodels import make_pair
+
+    make_pair(tmp_path / "pair")
+    code = (
+        "import sys; from runner.run import run_unpacked; "
+        f"r = run_unpacked({str(tmp_path / 'pair')!r}, {{'target': 'target/', 'draft': 'draft/', 'tokenizer': 'tokenizer/'}}, {{}}, 'hi', max_new_tokens=4); "
+        "print(r['forward'], sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "{'target': 'compact', 'draft': 'compact'} []"

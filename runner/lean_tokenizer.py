@@ -1,0 +1,134 @@
+"""The bundle's tokenizer without transformers, where that gives transformers' own ids and text.
+
+Why: importing transformers' AutoTokenizer costs about 1.6 s on this CPU (2 s more with its config
+classes), before `bundle run` can size its memory preflight by the prompt. A tokenizer.json that
+transformers' generic fast tokenizer (`PreTrainedTokenizerFast`, `TokenizersBackend`) uses exactly as it is
+written runs here on the `tokenizers` library, transformers' own backend, with the chat template rendered the
+way transformers renders it (a sandboxed jinja2 environment, trim_blocks and lstrip_blocks, loopcontrols,
+raise_exception, strftime_now, its tojson; the named special tokens as variables; the result encoded without
+special tokens added).
+
+`load_tokenizer` returns transformers' AutoTokenizer for anything where transformers would change the
+tokenizer while loading it: another tokenizer class, add_bos_token/add_eos_token, special or added tokens the
+file does not hold, truncation or padding written in the file, split special tokens, a chat template in a
+file of its own, special_tokens_map.json naming other tokens, cleanup of spaces on a non-BPE model.
+tests/test_lean_tokenizer.py checks ids, chat ids and decoded text against AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
+
+
+def _content(token: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _exact(directory: Path) -> tuple[dict, dict] | None:
+    """tokenizer.json and tokenizer_config.json when transformers would use the first as it is; else None."""
+    data, config = _read(directory / "tokenizer.json"), _read(directory / "tokenizer_config.json")
+    if data is None or config is None or config.get("tokenizer_class") not in GENERIC_CLASSES:
+        return None
+    if any((directory / name).exists() for name in TEMPLATE_FILES) or not isinstance(config.get("chat_template", ""), str):
+        return None
+    if "add_bos_token" in config or "add_eos_token" in config or config.get("split_special_tokens"):
+        return None
+    if data.get("truncation") is not None or data.get("padding") is not None:
+        return None
+    model = data.get("model") or {}
+    if config.get("clean_up_tokenization_spaces") and model.get("type") != "BPE":
+        return None
+    vocab = model.get("vocab")
+    if isinstance(vocab, (dict, list)) and len(vocab) > 100_000:  # transformers may patch a Mistral regex there
+        return None
+    added = {t.get("content"): t for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+    named = {name: _content(config.get(name)) for name in NAMED_SPECIAL}
+    extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+    wanted = [t for t in named.values() if t is not None] + [_content(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
+    if any(t is None or t not in added or not added[t].get("special") for t in wanted):
+        return None
+    for token_id, token in (config.get("added_tokens_decoder") or {}).items():
+        have = added.get(_content(token))
+        if have is None or str(have.get("id")) != str(token_id) or bool(have.get("special")) != bool(token.get("special")):
+            return None
+    side = _read(directory / "special_tokens_map.json")
+    if side is not None and any(_content(side.get(name)) not in (None, named[name]) for name in NAMED_SPECIAL):
+        return None
+    return data, config
+
+
+class LeanTokenizer:
+    """The calls runner.run makes of a tokenizer: `tokenizer(text)`, `apply_chat_template`, `decode`,
+    `chat_template`, `eos_token_id`."""
+
+    def __init__(self, directory: Path, config: dict) -> None:
+        from tokenizers import Tokenizer
+
+        self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self.chat_template: str | None = config.get("chat_template") or None
+        self.special_tokens_map = {name: value for name in NAMED_SPECIAL if (value := _content(config.get(name))) is not None}
+        eos = self.special_tokens_map.get("eos_token")
+        self.eos_token_id = None if eos is None else self.backend.token_to_id(eos)
+        self._template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False, tokenize: bool = True):
+        """As transformers' apply_chat_template(messages, add_generation_prompt=..., tokenize=...) on one chat."""
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat template")
+        messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        text = self._compiled().render(messages=messages, tools=None, documents=None,
+                                       add_generation_prompt=add_generation_prompt, **self.special_tokens_map)
+        return self(text, add_special_tokens=False) if tokenize else text
+
+    def _compiled(self):
+        if self._template is None:
+            import jinja2
+            import jinja2.ext
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message):
+                raise jinja2.exceptions.TemplateError(message)
+
+            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+            env.filters["tojson"] = tojson
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        return self._template
+
+
+def load_tokenizer(directory: Path):
+    """A LeanTokenizer where it gives transformers' results (see the module docstring), else AutoTokenizer."""
+    exact = _exact(Path(directory))
+    if exact is not None:
+        return LeanTokenizer(Path(directory), exact[1])
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
