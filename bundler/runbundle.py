@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from bundler import runrecord
+from bundler.errors import BundleError
 from bundler.refs import Ref
 from bundler.store import Store
 from bundler.unpack import extract_leaving_in_blobs, make_writable
 from bundler.verify import VerifyReport, verify_bundle
 
 WEIGHT_SUFFIX = ".safetensors"  # left in the blobs; GGUF files are extracted (llama.cpp opens a path)
+HISTORY_STATE = "run-history"  # the store's private state: runner.run_history's counts per bundle and machine
+HISTORY_KEPT = 64  # keys kept, the newest
 
 
 def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,6 +70,31 @@ def verified_view(store: Store, ref: Ref, trusted: Mapping[str, Any]) -> Iterato
         yield Checkout(root, report, weights, timings)
 
 
+def run_history(store: Store, digest: str) -> Any:
+    """runner.run_history.RunHistory of this bundle on this machine, saved to the store's private state after
+    each run. Only an economy: damaged or unwritable state is ignored (nothing is refused for it)."""
+    from runner.run_history import RunHistory, machine_key
+
+    key = machine_key(digest)
+
+    def read() -> dict[str, Any]:
+        try:
+            return store.state(HISTORY_STATE)
+        except BundleError:
+            return {}
+
+    def save(counts: dict[str, int]) -> None:
+        with contextlib.suppress(OSError, BundleError), store.lock():
+            state = read()
+            state.pop(key, None)
+            state[key] = counts  # the newest last
+            for old in list(state)[: max(0, len(state) - HISTORY_KEPT)]:
+                del state[old]
+            store.write_state(HISTORY_STATE, state)
+
+    return RunHistory.from_counts(read().get(key), save)
+
+
 def _runner_args(report: VerifyReport, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
     mk = report.modelkit
     assert mk is not None and report.claims is not None
@@ -95,7 +123,8 @@ def run_bundle(
     started = runrecord.now()
     with verified_view(store, ref, trusted) as checkout:
         report, checkout_timings = checkout.report, checkout.timings
-        result = run_unpacked(checkout.root, prompt=prompt, on_text=on_text, **_runner_args(report, checkout.weights), **options)
+        result = run_unpacked(checkout.root, prompt=prompt, on_text=on_text, history=run_history(store, report.digest),
+                              **_runner_args(report, checkout.weights), **options)
     before = checkout_timings["verify_s"] + checkout_timings["extract_s"]
     timings = {**checkout_timings, **result.get("timings", {})}
     timings["first_token_s"] = timings.get("first_token_s", 0.0) + before  # from the start of verification
@@ -121,6 +150,7 @@ def loaded_bundle(
 
     with verified_view(store, ref, trusted) as checkout:
         pair = load_pair(checkout.root, context=context, **_runner_args(checkout.report, checkout.weights), **options)
+        pair.history = run_history(store, checkout.report.digest)
         yield pair, _bundle_info(ref, checkout.report), checkout.report
 
 
@@ -130,5 +160,6 @@ def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: li
     from runner.bench import bench_unpacked
 
     with verified_view(store, ref, trusted) as checkout:
-        result = bench_unpacked(checkout.root, prompts=prompts, **_runner_args(checkout.report, checkout.weights), **options)
+        result = bench_unpacked(checkout.root, prompts=prompts, history=run_history(store, checkout.report.digest),
+                                **_runner_args(checkout.report, checkout.weights), **options)
     return {"bundle": _bundle_info(ref, checkout.report), **result}

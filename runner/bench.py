@@ -18,6 +18,7 @@ from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
 from runner.modelinfo import FileRange
 from runner.run import _eos_ids, _prompt_ids, _ranges, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
+from runner.run_history import advice_for
 from runner.machine import machine_info
 from runner.speculative import _logits, _new_cache, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
@@ -248,6 +249,7 @@ def bench_unpacked(
     verified_files: Mapping[str, str] | None = None,
     weight_ranges: Mapping[str, FileRange] | None = None,
     progress: Callable[[str], None] | None = None,
+    history: Any = None,
 ) -> dict[str, Any]:
     """Every method on the same prompts in this process; tokens/s, ratios, acceptance, costs, identity.
     weight_ranges: weight files left inside their layer blobs, as run_unpacked takes them.
@@ -261,7 +263,7 @@ def bench_unpacked(
         from runner.gguf_bench import bench_gguf  # the llama.cpp engine, against llama-cpp-python's own generation
 
         return bench_gguf(gguf_dirs, params, prompts, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
-                          repeat=repeat, progress=progress)
+                          repeat=repeat, progress=progress, history=history)
     say = progress or (lambda _msg: None)
     device = _resolve_device(device)
     dtype = str(params.get("dtype") or "float32")
@@ -281,10 +283,16 @@ def bench_unpacked(
     fast_target, draft = runtime_target(target), runtime_draft(plain_draft, checked)
 
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
-    ours = lambda x: (lambda r: (r.tokens, r.stats))(  # noqa: E731
-        generate_speculative(fast_target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
-                             draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos, min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)), vocab_size=vocab)
-    )
+    def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
+        advice, _ = advice_for(history, params, 0.0, None)
+        r = generate_speculative(fast_target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
+                                 draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos,
+                                 min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
+                                 vocab_size=vocab, start_plain=advice)
+        if history is not None and params.get("guard", True):
+            history.record(r.stats.as_dict(), advised=advice is not None, seeded=False)
+        return r.tokens, r.stats
+
     others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
     methods: dict[str, Callable[[list[int]], tuple[list[int], Any]]] = {
         "target_only": plain(target),

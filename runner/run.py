@@ -22,6 +22,7 @@ from runner.lean_tokenizer import load_tokenizer
 from runner.loading import ModelFiles, check_weight_files, load_models
 from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pairing import check_memory, check_pairing
+from runner.run_history import advice_for
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -182,6 +183,7 @@ class LoadedPair:
     load_s: float = 0.0
     engine: str = "torch"
     extra: dict = field(default_factory=dict)
+    history: Any = None  # runner.run_history.RunHistory: whether the draft paid in this bundle's last runs here
 
     def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
         """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
@@ -293,6 +295,7 @@ def generate(
         return bool(on_tokens(new)) if on_tokens else False
 
     params = pair.params
+    advice, seeded = advice_for(pair.history, params, temperature, seed)
     result = generate_speculative(
         pair.target,
         pair.draft,
@@ -309,7 +312,10 @@ def generate(
         guard=bool(params.get("guard", True)),
         vocab_size=pair.vocab_size,
         on_tokens=stream,
+        start_plain=advice,
     )
+    if pair.history is not None and params.get("guard", True):
+        pair.history.record(result.stats.as_dict(), advised=advice is not None, seeded=seeded)
     end = time.perf_counter()
     first = first_token[0] if first_token else None
     return {
@@ -342,9 +348,10 @@ def run_unpacked(
     verified_files: Mapping[str, str] | None = None,
     weight_ranges: Mapping[str, FileRange] | None = None,
     on_text: Callable[[str], None] | None = None,
+    history: Any = None,
 ) -> dict:
     """Checks, loads and runs the pair unpacked at `root` (`load_pair` then `generate`); the `run --json`
-    fields this part knows.
+    fields this part knows. history: a runner.run_history.RunHistory of this bundle on this machine.
 
     roles: role -> directory relative to root (target, draft, tokenizer). params: the Kitfile's
     model.parameters["speculative"] (draft_tokens, min_acceptance, min_size_ratio, allow_cross_family,
@@ -362,12 +369,13 @@ def run_unpacked(
         device = _resolve_device(device)
         return run_gguf(gguf_dirs, params, prompt, max_new_tokens=max_new_tokens, draft_tokens=int(draft_tokens or params.get("draft_tokens", 5)),
                         temperature=temperature, top_p=top_p, seed=seed, raw=raw, memory_budget=memory_budget,
-                        on_text=on_text, text_stream=_TextStream)
+                        on_text=on_text, text_stream=_TextStream, history=history)
     pair = load_pair(
         root, roles, params, context=lambda tokenizer: (len(_prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
         draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
         weight_ranges=weight_ranges,
     )
+    pair.history = history
     result = generate(pair, pair.prompt_ids(prompt, raw), max_new_tokens=max_new_tokens, temperature=temperature,
                       top_p=top_p, seed=seed, on_text=on_text)
     end = time.perf_counter()

@@ -10,6 +10,7 @@ from max(p - q, 0) normalised). Invariant between iterations: the target's cache
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -259,7 +260,7 @@ class Guard:
         self.stats, self.max_k, self.min_acceptance, self.costs = stats, max_k, min_acceptance, costs
         self.window = [0.0, 0.0, 0.0, 0.0]  # accepted, rejections, seconds, tokens
         self.iterations = self.below = 0
-        self.plain_until: int | None = None  # while fallen back: the token count at which a trial starts
+        self.plain_until: float | None = None  # while fallen back: the token count at which a trial starts
         self.trial = False
         self.retry_after = RETRY_AFTER
         self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
@@ -279,6 +280,11 @@ class Guard:
         return stats.speculative_iterations == 0 or not (
             stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
         )  # a few plain steps early, then one now and then: the baseline follows the context's growth
+
+    def start_plain(self, reason: str) -> None:
+        """Plain decoding from the first token and no trial (runner.run_history's advice), with its reason."""
+        self.stats.fallback = {"at_token": 0, "reason": reason, "retries": 0, "resumed": 0}
+        self.plain_until = math.inf
 
     def lost_steps(self) -> float | None:
         """Target steps the speculative iterations took beyond plain decoding of the tokens they produced
@@ -369,6 +375,7 @@ def generate_speculative(
     guard: bool = True,
     vocab_size: int | None = None,
     on_tokens: Callable[[list[int]], bool | None] | None = None,
+    start_plain: str | None = None,
 ) -> GenerationResult:
     """Speculative decoding of `target` with `draft`; the output is distributed exactly as the target's.
 
@@ -378,7 +385,9 @@ def generate_speculative(
     acceptance below `min_acceptance`), with trials of speculation now and then (see Guard); the first
     fallback is recorded in stats.fallback. vocab_size: compare the
     models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens;
-    returning True from it stops the generation after that batch.
+    returning True from it stops the generation after that batch. start_plain: a reason to decode plainly
+    from the first token, with no trial (runner.run_history: the draft did not pay in the last runs); it
+    becomes stats.fallback; ignored without the guard.
     target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
     target, draft = as_engine(target), as_engine(draft)
@@ -391,6 +400,8 @@ def generate_speculative(
     # A seeded sample must not depend on the clock: when to fall back is then decided without timings.
     costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
     judge = Guard(stats, max_k, min_acceptance, costs) if guard else None
+    if judge and start_plain:
+        judge.start_plain(start_plain)
     start = time.perf_counter()
     room = len(ids) + max_new_tokens + max_k + 1
     target.reset(room)
