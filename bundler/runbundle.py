@@ -149,8 +149,9 @@ def loaded_bundle(
     from runner.run import load_pair  # torch is imported only when a bundle runs
 
     with verified_view(store, ref, trusted) as checkout:
+        # No run history here (runner.run_history): a server's requests differ more than one user's runs, and
+        # its health follows each request's own acceptance.
         pair = load_pair(checkout.root, context=context, **_runner_args(checkout.report, checkout.weights), **options)
-        pair.history = run_history(store, checkout.report.digest)
         yield pair, _bundle_info(ref, checkout.report), checkout.report
 
 

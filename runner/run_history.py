@@ -13,7 +13,8 @@ draft that pays again (other prompts, another machine under the same name, a new
 What is remembered is keyed by the bundle's digest, the CPU model and its core count; it holds counts only
 (no prompt, no output). Greedy output is the same either way (the decoding is lossless); seeded sampling is
 neither advised nor recorded, so a seed's output never depends on earlier runs. The runner keeps no files:
-the caller (bundler.runbundle) reads the counts and gets them back through `save`.
+the caller (bundler.runbundle: `bundle run` and `bench`, not `serve`) reads the counts and gets them back
+through `save`.
 """
 
 from __future__ import annotations
