@@ -205,7 +205,8 @@ def load_models(models: Sequence[ModelFiles], dtype: str, device: str, compact: 
     runner.compact_llama computes exactly comes back as a CompactLlama built without transformers (step 4)."""
     global LOADS
     LOADS += len(models)
-    dt = torch_dtype(dtype)
+    if dtype not in DTYPE_BYTES:  # checked before anything is read; torch is imported while the files are
+        raise BundleError("usage", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     plans: list[tuple[ModelFiles, dict[Path, FileRange]]] = []
     reads: list[tuple[Path, FileRange, str | None]] = []
     for model in models:
@@ -224,6 +225,7 @@ def load_models(models: Sequence[ModelFiles], dtype: str, device: str, compact: 
     workers = max(1, min(len(reads), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending = {i: pool.submit(_read_once, *reads[i]) for i in order}
+        dt = torch_dtype(dtype)  # the first torch import of a `bundle run` on a CPU build: while the files are read
         for model in models:  # while the files are read and hashed (no GIL held there)
             _import_classes(model.model_dir, compact)
         done = {i: future.result() for i, future in pending.items()}

@@ -26,7 +26,27 @@ from runner.run_history import advice_for
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
+def _torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA (or ROCm) build, from its version.py, without importing torch
+    (2.3 s on this CPU): a CPU build can use no GPU, so `bundle run` then starts reading the weights before
+    torch is imported, and the import overlaps the read (runner.loading). Unreadable: assume it may."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text(encoding="utf-8")
+    except (AttributeError, ImportError, OSError, StopIteration, TypeError, ValueError):
+        return True
+    builds = re.findall(r"^(cuda|hip)\s*(?::[^=]*)?=\s*(.+)$", text, re.M)
+    return len(builds) != 2 or any(value.strip() != "None" for _, value in builds)
+
+
 def _resolve_device(device: str | None) -> str:
+    if device and not device.startswith("cuda"):
+        return device
+    if not device and not _torch_has_cuda():
+        return "cpu"
     import torch
 
     if device:

@@ -150,3 +150,23 @@ def test_weights_that_do_not_fit_the_config_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BundleError) as err:
         load_model(directory, "float32", "cpu")
     assert err.value.code == "invalid-bundle"
+
+
+@pytest.mark.parametrize("text,has", [
+    ("cuda: Optional[str] = None\nhip: Optional[str] = None\n", False),
+    ("cuda: Optional[str] = '12.4'\nhip: Optional[str] = None\n", True),
+    ("cuda = None\nhip = '6.1'\n", True),
+    ("__version__ = '2.13.0'\n", True),  # unreadable: assume it may use a GPU (and import torch to know)
+])
+def test_a_cpu_build_of_torch_is_known_without_importing_it(monkeypatch, tmp_path: Path, text: str, has: bool) -> None:
+    import importlib.util
+    import types
+
+    from runner import run
+
+    (tmp_path / "version.py").write_text(text)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: types.SimpleNamespace(submodule_search_locations=[str(tmp_path)]))
+    assert run._torch_has_cuda() is has
+    if not has:
+        assert run._resolve_device(None) == "cpu"
+    assert run._resolve_device("cpu") == "cpu"
