@@ -13,6 +13,14 @@ from runner.engines import llamacpp
 from runner.pairing import check_memory
 
 
+def _template(text: str):
+    """A chat template from the file, compiled in jinja2's sandbox (as llama-cpp-python and transformers do):
+    a template cannot reach Python's internals however its file was made."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment().from_string(text)
+
+
 class GGUFTokenizer:
     """The target file's own llama.cpp tokenizer (vocabulary only), with the calls run.py's text stream uses."""
 
@@ -35,11 +43,8 @@ class GGUFTokenizer:
         add_bos = bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))
         if raw or not template:
             return self.llm.tokenize(prompt.encode(), add_bos=add_bos, special=False)
-        import jinja2
-
-        text = jinja2.Environment().from_string(template).render(
-            messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-            bos_token="", eos_token="")
+        text = _template(template).render(messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          bos_token="", eos_token="")
         return self.llm.tokenize(text.encode(), add_bos=add_bos, special=True)
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -48,10 +53,7 @@ class GGUFTokenizer:
         add_bos = bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))
         if not template:
             return self.llm.tokenize("\n".join(m["content"] for m in messages).encode(), add_bos=add_bos, special=False)
-        import jinja2
-
-        text = jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                                 bos_token="", eos_token="")
+        text = _template(template).render(messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
         return self.llm.tokenize(text.encode(), add_bos=add_bos, special=True)
 
     def eos_ids(self) -> set[int]:

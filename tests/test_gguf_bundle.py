@@ -159,3 +159,15 @@ def test_a_huge_array_count_is_refused_without_reading_it(tmp_path: Path) -> Non
     with pytest.raises(BundleError) as err:
         read_header(path)
     assert err.value.code == "invalid-bundle" and "longer than the file" in err.value.message
+
+
+def test_a_chat_template_cannot_reach_pythons_internals() -> None:
+    """A GGUF file's chat template is rendered in jinja2's sandbox, like transformers' and llama-cpp-python's."""
+    from jinja2.exceptions import SecurityError
+
+    from runner.gguf_run import _template
+
+    assert _template("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}").render(
+        messages=[{"role": "user", "content": "hi"}]) == "[user] hi"
+    with pytest.raises(SecurityError):
+        _template("{{ ''.__class__.__mro__[1].__subclasses__() }}").render()

@@ -135,3 +135,12 @@ def test_files_beside_the_config_that_transformers_reads_go_to_autotokenizer(tmp
         data["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}
         (directory / "tokenizer.json").write_text(json.dumps(data))
     assert not isinstance(load_tokenizer(directory), LeanTokenizer)
+
+
+def test_a_chat_template_cannot_reach_pythons_internals(tmp_path: Path, trained) -> None:
+    from jinja2.exceptions import SecurityError
+
+    lean = load_tokenizer(_dir(tmp_path, trained, chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}"))
+    assert isinstance(lean, LeanTokenizer)
+    with pytest.raises(SecurityError):
+        lean.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
