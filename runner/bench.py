@@ -18,7 +18,7 @@ from runner.loading import load_model
 from runner.metrics import best_predicted_speedup, predicted_speedup
 from runner.modelinfo import FileRange
 from runner.run import _eos_ids, _prompt_ids, _ranges, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
-from runner.run_history import advice_for
+from runner.run_history import with_history
 from runner.machine import machine_info
 from runner.speculative import _logits, _new_cache, generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
@@ -283,14 +283,13 @@ def bench_unpacked(
     fast_target, draft = runtime_target(target), runtime_draft(plain_draft, checked)
 
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
+
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
-        advice, _ = advice_for(history, params, 0.0, None)
-        r = generate_speculative(fast_target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
-                                 draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos,
-                                 min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
-                                 vocab_size=vocab, start_plain=advice)
-        if history is not None and params.get("guard", True):
-            history.record(r.stats.as_dict(), advised=advice is not None, seeded=False)
+        r = with_history(history, params, 0.0, None, lambda advice: generate_speculative(
+            fast_target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
+            draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos,
+            min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
+            vocab_size=vocab, start_plain=advice))
         return r.tokens, r.stats
 
     others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}

@@ -28,7 +28,7 @@ from runner.engines import llamacpp
 from runner.gguf_run import GGUFTokenizer
 from runner.machine import machine_info
 from runner.pairing import check_memory
-from runner.run_history import advice_for
+from runner.run_history import with_history
 from runner.speculative import generate_plain, generate_speculative
 
 # Two computations of the same logits round differently in llama.cpp: a batch of several tokens (a verify
@@ -190,13 +190,11 @@ def bench_gguf(
         return lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(engine, x, max_new_tokens, eos_ids=eos))
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
-        advice, _ = advice_for(history, params, 0.0, None)
-        r = generate_speculative(target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
-                                 draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos,
-                                 min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
-                                 start_plain=advice)
-        if history is not None and params.get("guard", True):
-            history.record(r.stats.as_dict(), advised=advice is not None, seeded=False)
+        r = with_history(history, params, 0.0, None, lambda advice: generate_speculative(
+            target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
+            draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos,
+            min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
+            start_plain=advice))
         return r.tokens, r.stats
 
     methods = {"target_only": plain(target), "llama_cpp_python": _their_generate(theirs, eos, max_new_tokens), "bundle": ours}

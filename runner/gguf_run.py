@@ -106,7 +106,7 @@ def run_gguf(
     history=None,
 ) -> dict:
     """run_unpacked for a GGUF pair; the same `run --json` fields, "engine": "llama.cpp"."""
-    from runner.run_history import advice_for
+    from runner.run_history import with_history
     from runner.speculative import generate_speculative
 
     run_start = time.perf_counter()
@@ -133,16 +133,13 @@ def run_gguf(
         if stream:
             stream(new)
 
-    advice, seeded = advice_for(history, params, temperature, seed)
-    result = generate_speculative(
+    result = with_history(history, params, temperature, seed, lambda advice: generate_speculative(
         target, draft, prompt_ids, max_new_tokens, draft_tokens=draft_tokens,
         adaptive=bool(params.get("adaptive", True)), draft_confidence=float(params.get("draft_confidence", 0.0)),
         temperature=temperature, top_p=top_p, seed=seed, eos_ids=tokenizer.eos_ids(),
         min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
         on_tokens=on_tokens, start_plain=advice,
-    )
-    if history is not None and params.get("guard", True):
-        history.record(result.stats.as_dict(), advised=advice is not None, seeded=seeded)
+    ))
     end = time.perf_counter()
     first = first_token[0] if first_token else end
     return {

@@ -22,7 +22,7 @@ from runner.lean_tokenizer import load_tokenizer
 from runner.loading import ModelFiles, check_weight_files, load_models
 from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pairing import check_memory, check_pairing
-from runner.run_history import advice_for
+from runner.run_history import with_history
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -315,8 +315,7 @@ def generate(
         return bool(on_tokens(new)) if on_tokens else False
 
     params = pair.params
-    advice, seeded = advice_for(pair.history, params, temperature, seed)
-    result = generate_speculative(
+    result = with_history(pair.history, params, temperature, seed, lambda advice: generate_speculative(
         pair.target,
         pair.draft,
         prompt_ids,
@@ -333,9 +332,7 @@ def generate(
         vocab_size=pair.vocab_size,
         on_tokens=stream,
         start_plain=advice,
-    )
-    if pair.history is not None and params.get("guard", True):
-        pair.history.record(result.stats.as_dict(), advised=advice is not None, seeded=seeded)
+    ))
     end = time.perf_counter()
     first = first_token[0] if first_token else None
     return {

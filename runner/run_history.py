@@ -75,10 +75,14 @@ class RunHistory:
             self.save(self.counts())
 
 
-def advice_for(history: RunHistory | None, params: Mapping[str, Any], temperature: float, seed: int | None) -> tuple[str | None, bool]:
-    """A run's advice (None: speculate as usual; none without a history or without the guard), and whether
-    the run is a seeded sample."""
+def with_history(history: RunHistory | None, params: Mapping[str, Any], temperature: float, seed: int | None,
+                 run: Callable[[str | None], Any]) -> Any:
+    """One run under the history: `run(start_plain)` gets the advice (None: speculate as usual; always None
+    without a history or without the guard) and returns a GenerationResult, whose stats are then recorded."""
     seeded = seed is not None and temperature > 0.0
     if history is None or not params.get("guard", True):
-        return None, seeded
-    return history.advice(seeded), seeded
+        return run(None)
+    advice = history.advice(seeded)
+    result = run(advice)
+    history.record(result.stats.as_dict(), advised=advice is not None, seeded=seeded)
+    return result
