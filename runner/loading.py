@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundler.errors import BundleError
-from runner.modelinfo import DTYPE_BYTES, FileRange, Ranges, config_from_dict, read_raw_config, safetensors_files, validate_config
+from runner.modelinfo import FileRange, Ranges, check_dtype, config_from_dict, read_raw_config, safetensors_files, validate_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 INDEX_FILE = "model.safetensors.index.json"
@@ -86,9 +86,7 @@ def shard_files(model_dir: Path, ranges: Ranges | None = None) -> dict[Path, Fil
 def torch_dtype(dtype: str):
     import torch
 
-    if dtype not in DTYPE_BYTES:
-        raise BundleError("usage", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
-    return getattr(torch, dtype)
+    return getattr(torch, check_dtype(dtype))
 
 
 def _buffer(size: int) -> mmap.mmap | bytearray:
@@ -205,8 +203,7 @@ def load_models(models: Sequence[ModelFiles], dtype: str, device: str, compact: 
     runner.compact_llama computes exactly comes back as a CompactLlama built without transformers (step 4)."""
     global LOADS
     LOADS += len(models)
-    if dtype not in DTYPE_BYTES:  # checked before anything is read; torch is imported while the files are
-        raise BundleError("usage", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    check_dtype(dtype)  # before anything is read; torch is imported (torch_dtype) while the files are
     plans: list[tuple[ModelFiles, dict[Path, FileRange]]] = []
     reads: list[tuple[Path, FileRange, str | None]] = []
     for model in models:

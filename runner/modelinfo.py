@@ -254,8 +254,15 @@ def _loader_bytes(model_dir: Path, element_bytes: int, ranges: Ranges | None = N
 TORCH_IMPORT_BYTES = 195 << 20
 
 
+def check_dtype(dtype: str) -> str:
+    """`dtype` if it is a run dtype (DTYPE_BYTES), else a usage error (exit 2)."""
+    if dtype not in DTYPE_BYTES:
+        raise BundleError("usage", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    return dtype
+
+
 def rss_bytes() -> int:
-    """This process's resident memory now (the Python, torch and transformers baseline before loading)."""
+    """This process's resident memory now (the baseline before loading: Python, and torch when imported)."""
     try:
         with open("/proc/self/statm", encoding="ascii") as f:
             import os
@@ -275,9 +282,7 @@ def estimate_memory(
     loader's own overhead. `total_bytes` is what the run adds; `predicted_peak_bytes` adds this process's
     resident memory now (what `bundle run` peaks at). `ranges`: weight files left in layer blobs.
     """
-    if dtype not in DTYPE_BYTES:
-        raise BundleError("usage", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
-    element = DTYPE_BYTES[dtype]
+    element = DTYPE_BYTES[check_dtype(dtype)]
     prompt_tokens = max_tokens if prompt_tokens is None else prompt_tokens
     configs = {"target": read_config(target_dir), "draft": read_config(draft_dir)}
     params, activations, loader = {}, 0, 0
