@@ -117,6 +117,25 @@ def _expected_shapes(c: SimpleNamespace) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# A layer's tensors as this forward names them -> their names in a transformers checkpoint (below
+# "model.layers.N."); a bias a model has not is None.
+_LAYER_TENSORS = {
+    "q": "self_attn.q_proj.weight", "q_bias": "self_attn.q_proj.bias", "k": "self_attn.k_proj.weight",
+    "k_bias": "self_attn.k_proj.bias", "v": "self_attn.v_proj.weight", "v_bias": "self_attn.v_proj.bias",
+    "o": "self_attn.o_proj.weight", "o_bias": "self_attn.o_proj.bias", "gate": "mlp.gate_proj.weight",
+    "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight", "ln1": "input_layernorm.weight",
+    "ln2": "post_attention_layernorm.weight",
+}
+
+
+def _weights(config, tensor, lm_head: torch.Tensor, inv_freq: torch.Tensor) -> SimpleNamespace:
+    """The weights this forward runs on, from `tensor(checkpoint name)` (None where a model has none)."""
+    layers = [SimpleNamespace(**{field: tensor(f"model.layers.{i}.{name}") for field, name in _LAYER_TENSORS.items()})
+              for i in range(config.num_hidden_layers)]
+    return SimpleNamespace(config=config, embed=tensor("model.embed_tokens.weight"), layers=layers,
+                           norm=tensor("model.norm.weight"), lm_head=lm_head, inv_freq=inv_freq)
+
+
 def weights_from_state_dict(config: SimpleNamespace, state_dict: dict) -> SimpleNamespace | None:
     """The model's weights (the tensors themselves, not copied) when `state_dict` holds exactly the tensors of
     `config`'s checkpoint with their shapes; else None, and transformers builds the model (and reports what
@@ -127,34 +146,16 @@ def weights_from_state_dict(config: SimpleNamespace, state_dict: dict) -> Simple
     # inv_freq as transformers' rotary module computes it (default RoPE), in float32
     dim, base = config.head_dim, config.rope_parameters["rope_theta"]
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    embed = state_dict["model.embed_tokens.weight"]
-    layers = []
-    for i in range(config.num_hidden_layers):
-        w = lambda name: state_dict.get(f"model.layers.{i}.{name}")  # noqa: E731
-        layers.append(SimpleNamespace(
-            q=w("self_attn.q_proj.weight"), q_bias=w("self_attn.q_proj.bias"), k=w("self_attn.k_proj.weight"),
-            k_bias=w("self_attn.k_proj.bias"), v=w("self_attn.v_proj.weight"), v_bias=w("self_attn.v_proj.bias"),
-            o=w("self_attn.o_proj.weight"), o_bias=None, gate=w("mlp.gate_proj.weight"), up=w("mlp.up_proj.weight"),
-            down=w("mlp.down_proj.weight"), ln1=w("input_layernorm.weight"), ln2=w("post_attention_layernorm.weight"),
-        ))
-    return SimpleNamespace(config=config, embed=embed, layers=layers, norm=state_dict["model.norm.weight"],
-                           lm_head=embed if config.tie_word_embeddings else state_dict["lm_head.weight"], inv_freq=inv_freq)
+    lm_head = state_dict["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+    return _weights(config, state_dict.get, lm_head, inv_freq)
 
 
 def _weights_from_model(model: torch.nn.Module) -> SimpleNamespace:
-    """The same from a transformers model (its parameters, not copied)."""
-    body = model.model
-    layers = [SimpleNamespace(
-        q=layer.self_attn.q_proj.weight, q_bias=layer.self_attn.q_proj.bias, k=layer.self_attn.k_proj.weight,
-        k_bias=layer.self_attn.k_proj.bias, v=layer.self_attn.v_proj.weight, v_bias=layer.self_attn.v_proj.bias,
-        o=layer.self_attn.o_proj.weight, o_bias=layer.self_attn.o_proj.bias, gate=layer.mlp.gate_proj.weight,
-        up=layer.mlp.up_proj.weight, down=layer.mlp.down_proj.weight, ln1=layer.input_layernorm.weight,
-        ln2=layer.post_attention_layernorm.weight,
-    ) for layer in body.layers]
-    # transformers' own frequencies, as its rotary module holds them (rounded to bf16 when the model was cast
-    # after loading) and uses them (in float32)
-    return SimpleNamespace(config=model.config, embed=body.embed_tokens.weight, layers=layers, norm=body.norm.weight,
-                           lm_head=model.lm_head.weight, inv_freq=body.rotary_emb.inv_freq.float())
+    """The same from a transformers model (its parameters, not copied). The frequencies are its rotary
+    module's own, as it holds them (rounded to bf16 when the model was cast after loading) and uses them (in
+    float32)."""
+    tensors = dict(model.named_parameters())
+    return _weights(model.config, tensors.get, model.lm_head.weight, model.model.rotary_emb.inv_freq.float())
 
 
 class CompactCache:
