@@ -42,47 +42,50 @@ def _read(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _exact(directory: Path) -> tuple[dict, dict] | None:
-    """tokenizer.json and tokenizer_config.json when transformers would use the first as it is; else None."""
-    data, config = _read(directory / "tokenizer.json"), _read(directory / "tokenizer_config.json")
-    if data is None or config is None or config.get("tokenizer_class") not in GENERIC_CLASSES:
+def _exact(directory: Path):
+    """The parsed tokenizer.json (a `tokenizers.Tokenizer`) and tokenizer_config.json when transformers would
+    use the first as it is; else None. The checks read the parsed tokenizer: the file is parsed once."""
+    config = _read(directory / "tokenizer_config.json")
+    if config is None or config.get("tokenizer_class") not in GENERIC_CLASSES:
         return None
     if any((directory / name).exists() for name in TEMPLATE_FILES) or not isinstance(config.get("chat_template", ""), str):
         return None
     if "add_bos_token" in config or "add_eos_token" in config or config.get("split_special_tokens"):
         return None
-    if data.get("truncation") is not None or data.get("padding") is not None:
+    from tokenizers import Tokenizer
+
+    try:
+        backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    except Exception:  # noqa: BLE001 - AutoTokenizer then loads it, or says what is wrong with it
         return None
-    model = data.get("model") or {}
-    if config.get("clean_up_tokenization_spaces") and model.get("type") != "BPE":
+    if backend.truncation is not None or backend.padding is not None:
         return None
-    vocab = model.get("vocab")
-    if isinstance(vocab, (dict, list)) and len(vocab) > 100_000:  # transformers may patch a Mistral regex there
+    if config.get("clean_up_tokenization_spaces") and type(backend.model).__name__ != "BPE":
         return None
-    added = {t.get("content"): t for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+    if backend.get_vocab_size(with_added_tokens=False) > 100_000:  # transformers may patch a Mistral regex there
+        return None
+    added = {token.content: (token_id, token.special) for token_id, token in backend.get_added_tokens_decoder().items()}
     named = {name: _content(config.get(name)) for name in NAMED_SPECIAL}
     extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
     wanted = [t for t in named.values() if t is not None] + [_content(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
-    if any(t is None or t not in added or not added[t].get("special") for t in wanted):
+    if any(t is None or t not in added or not added[t][1] for t in wanted):
         return None
     for token_id, token in (config.get("added_tokens_decoder") or {}).items():
         have = added.get(_content(token))
-        if have is None or str(have.get("id")) != str(token_id) or bool(have.get("special")) != bool(token.get("special")):
+        if have is None or str(have[0]) != str(token_id) or have[1] != bool(token.get("special")):
             return None
     side = _read(directory / "special_tokens_map.json")
     if side is not None and any(_content(side.get(name)) not in (None, named[name]) for name in NAMED_SPECIAL):
         return None
-    return data, config
+    return backend, config
 
 
 class LeanTokenizer:
     """The calls runner.run makes of a tokenizer: `tokenizer(text)`, `apply_chat_template`, `decode`,
     `chat_template`, `eos_token_id`."""
 
-    def __init__(self, directory: Path, config: dict) -> None:
-        from tokenizers import Tokenizer
-
-        self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    def __init__(self, backend, config: dict) -> None:
+        self.backend = backend  # a tokenizers.Tokenizer
         self.chat_template: str | None = config.get("chat_template") or None
         self.special_tokens_map = {name: value for name in NAMED_SPECIAL if (value := _content(config.get(name))) is not None}
         eos = self.special_tokens_map.get("eos_token")
@@ -128,7 +131,7 @@ def load_tokenizer(directory: Path):
     """A LeanTokenizer where it gives transformers' results (see the module docstring), else AutoTokenizer."""
     exact = _exact(Path(directory))
     if exact is not None:
-        return LeanTokenizer(Path(directory), exact[1])
+        return LeanTokenizer(*exact)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
