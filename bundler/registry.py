@@ -820,9 +820,9 @@ def pull(
         if report.error is not None:
             downloader.discard()  # bad content or a bad signature: nothing of it is worth keeping for a retry
             raise report.error
-        # Only the signature that verified is kept (none with --allow-unsigned: it was not checked).
-        dropped = {d.digest for d, _ in sig_manifests if d.digest != report.signature_digest}
-        sig_manifests = [(d, data) for d, data in sig_manifests if d.digest == report.signature_digest]
+        # Only the signatures that verified are kept, of each kind (none with --allow-unsigned: not checked).
+        dropped = {d.digest for d, _ in sig_manifests if d.digest not in report.verified_signatures}
+        sig_manifests = [(d, data) for d, data in sig_manifests if d.digest in report.verified_signatures]
         kept = {sig_layers[d.digest] for d, _ in sig_manifests} | {d.digest for d, _ in sig_manifests}
         for blob in (dropped | {sig_layers[d] for d in dropped}) - kept - {digest}:
             tmp.blob_path(blob).unlink(missing_ok=True)

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from bundler import keys, signature
+from bundler import cosign, keys, signature
 from bundler.errors import BundleError
 from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
 from bundler.modelkit import ModelKit
@@ -24,6 +24,7 @@ class SignResult:
     digest: str  # the bundle's manifest digest
     key_id: str
     signature_digest: str  # the signature artifact's manifest digest
+    cosign_digest: str = ""  # the cosign-style signature artifact's manifest digest
 
 
 def signed_fields(mk: ModelKit, roles: Mapping[str, str], valid_days: float, now: dt.datetime | None = None) -> dict[str, Any]:
@@ -68,31 +69,57 @@ def sign_modelkit(
     """Sign a bundle and store the signature artifact beside it (files/roles: from pack, else read from the layers)."""
     if files is None or roles is None:
         files, roles = file_hashes(store, mk)
-    payload = signature.sign(files, signed_fields(mk, roles, valid_days), private_key, model_name=mk.kitfile.name)
+    fields = signed_fields(mk, roles, valid_days)
+    payload = signature.sign(files, fields, private_key, model_name=mk.kitfile.name)
+    # The same key signs the manifest digest as cosign does, for admission controllers (bundler.cosign);
+    # it expires with the model-signing signature.
+    cosign_payload = cosign.sign_digest(mk.digest, private_key, {cosign.EXPIRES_ANNOTATION: fields["expires"]})
     with store.transaction() as staging:
-        layer = Descriptor(signature.SIGSTORE_BUNDLE_MEDIA_TYPE, staging.add_bytes(payload).digest, len(payload))
-        config = Descriptor(OCI_EMPTY, staging.add_bytes(EMPTY_CONFIG).digest, len(EMPTY_CONFIG))
-        manifest = go_json(
-            {
-                "schemaVersion": 2,
-                "mediaType": OCI_MANIFEST,
-                "artifactType": signature.SIGSTORE_BUNDLE_MEDIA_TYPE,
-                "config": config.as_dict(),
-                "layers": [layer.as_dict()],
-                "subject": mk.manifest_desc.as_dict() | {"mediaType": OCI_MANIFEST},
-                "annotations": {
-                    "dev.sigstore.bundle.content": "dsse-envelope",
-                    "dev.sigstore.bundle.predicateType": signature.PREDICATE_TYPE,
-                },
-            }
-        )
-        desc = Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+        desc = _stage_artifact(staging, mk, payload, {"dev.sigstore.bundle.content": "dsse-envelope", "dev.sigstore.bundle.predicateType": signature.PREDICATE_TYPE})
+        cosign_desc = _stage_artifact(staging, mk, cosign_payload, cosign.artifact_annotations(signature.parse_time(fields["created"])))
         staging.commit()
         store.add_untagged(desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
+        store.add_untagged(cosign_desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
         for old in _own_expired(store, mk.digest, private_key.public_key()):
             if old != desc.digest:  # the new one stays even if it is already expired (--valid-days <= 0)
                 store.remove_manifest(old)
-    return SignResult(mk.digest, keys.key_id(private_key.public_key()), desc.digest)
+        for old in _own_cosign(store, mk.digest, private_key.public_key()):
+            if old != cosign_desc.digest:  # the new one replaces this key's earlier ones: same claim, newer expiry
+                store.remove_manifest(old)
+    return SignResult(mk.digest, keys.key_id(private_key.public_key()), desc.digest, cosign_desc.digest)
+
+
+def _stage_artifact(staging: Any, mk: ModelKit, payload: bytes, annotations: Mapping[str, str]) -> Descriptor:
+    """Stage a signature artifact (an OCI referrer of the bundle manifest holding one Sigstore bundle)."""
+    layer = Descriptor(signature.SIGSTORE_BUNDLE_MEDIA_TYPE, staging.add_bytes(payload).digest, len(payload))
+    config = Descriptor(OCI_EMPTY, staging.add_bytes(EMPTY_CONFIG).digest, len(EMPTY_CONFIG))
+    manifest = go_json(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "artifactType": signature.SIGSTORE_BUNDLE_MEDIA_TYPE,
+            "config": config.as_dict(),
+            "layers": [layer.as_dict()],
+            "subject": mk.manifest_desc.as_dict() | {"mediaType": OCI_MANIFEST},
+            "annotations": dict(annotations),
+        }
+    )
+    return Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+
+
+def _own_cosign(store: Store, subject_digest: str, public_key: Any) -> list[str]:
+    """Digests of this bundle's cosign-style signatures that verify with this very key (expired or not)."""
+    kid = keys.key_id(public_key)
+    out = []
+    for desc, payload in find_signatures(store, subject_digest):
+        if cosign.kind_of(payload) != cosign.KIND:
+            continue
+        try:
+            cosign.verify_digest(payload, {kid: public_key}, subject_digest, now=dt.datetime.min.replace(tzinfo=dt.timezone.utc))
+        except BundleError:
+            continue
+        out.append(desc.digest)
+    return out
 
 
 def _own_expired(store: Store, subject_digest: str, public_key: Any) -> list[str]:

@@ -15,13 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from bundler import signature
+from bundler import cosign, signature
 from bundler.errors import BundleError
 from bundler.kitfile import MODEL_ROLES, pickle_files
 from bundler.layerread import LayerScan, scan_layer
+from bundler.manifest import Descriptor
 from bundler.modelkit import ModelKit, load_modelkit
 from bundler.refs import Ref
-from bundler.sign import find_signatures
+from bundler.sign import file_hashes, find_signatures
 from bundler.store import Store
 
 ROLLBACK_STATE = "versions"
@@ -54,6 +55,14 @@ class VerifyReport:
     unsigned: bool = False
     skipped_signatures: list[dict[str, Any]] = field(default_factory=list)  # candidates that did not pass, and why
     signature_digest: str | None = None  # the signature artifact that verified
+    # Every signature artifact looked at: {"kind": model-signing | cosign, "digest", "key_id", "verified"}
+    # (an addition to CONTRACT.md's verify --json, see docs/cosign.md).
+    signatures: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def verified_signatures(self) -> list[str]:
+        """Digests of the signature artifacts that held, of every kind."""
+        return [s["digest"] for s in self.signatures if s["verified"]]
 
     @property
     def ok(self) -> bool:
@@ -72,6 +81,8 @@ class VerifyReport:
             "unsigned": self.unsigned,
             "checks": [c.as_dict() for c in self.checks],
             "skipped_signatures": self.skipped_signatures,
+            "signatures": self.signatures,
+            "signature_kinds": sorted({s["kind"] for s in self.signatures if s["verified"]}),
             "error": {"code": self.error.code, "message": self.error.message} if self.error else None,
         }
 
@@ -267,9 +278,27 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         report.checks.append(Check("signature", False, err.message))
         report.error = err
         raise _Failed from err
+    # Cosign-style signatures name only the manifest digest: checked first (one ECDSA verification each),
+    # they decide only when no model-signing signature holds (bundler.cosign, docs/cosign.md).
     best: tuple[int, list[Check], BundleError] | None = None
-    for desc, payload in found[:MAX_SIGNATURES]:
+    by_cosign: tuple[Descriptor, bytes, cosign.CosignClaims] | None = None
+    candidates = found[:MAX_SIGNATURES]
+    for desc, payload in [c for c in candidates if cosign.kind_of(c[1]) == cosign.KIND]:
+        try:
+            held = cosign.verify_digest(payload, trusted, mk.digest, now)
+        except BundleError as err:
+            stage = {"signature-mismatch": "subject", "expired": "expiry"}.get(err.code, "signature")
+            report.signatures.append({"kind": cosign.KIND, "digest": desc.digest, "key_id": None, "verified": False})
+            report.skipped_signatures.append({"digest": desc.digest, "key_id": None, "check": stage, "error": {"code": err.code, "message": err.message}})
+            rank = _STAGES.index(stage) * 2 + (err.code != "signature-invalid")
+            if best is None or rank > best[0]:
+                best = (rank, [Check(stage, False, err.message)], err)
+            continue
+        report.signatures.append({"kind": cosign.KIND, "digest": desc.digest, "key_id": held.key_id, "verified": True})
+        by_cosign = by_cosign or (desc, payload, held)
+    for desc, payload in [c for c in candidates if cosign.kind_of(c[1]) != cosign.KIND]:
         claims, checks, err = _candidate_checks(mk, report.files, payload, trusted, now)
+        report.signatures.append({"kind": cosign.MODEL_SIGNING_KIND, "digest": desc.digest, "key_id": claims.key_id if claims else None, "verified": err is None})
         if err is None and claims is not None:
             report.checks.extend(checks)
             report.signature_digest = desc.digest
@@ -279,12 +308,32 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         rank = _STAGES.index(checks[-1].name) * 2 + (err.code != "signature-invalid")
         if best is None or rank > best[0]:
             best = (rank, checks, err)
+    if by_cosign is not None:
+        desc, payload, held = by_cosign
+        report.signature_digest = desc.digest
+        return _cosign_claims(store, mk, report, held), payload
     if len(found) > MAX_SIGNATURES:
         report.skipped_signatures.append({"digest": None, "key_id": None, "check": "signature", "error": {"code": "signature-invalid", "message": f"{len(found) - MAX_SIGNATURES} more signatures not considered (at most {MAX_SIGNATURES})"}})
     assert best is not None
     report.checks.extend(best[1])
     report.error = best[2]
     raise _Failed from best[2]
+
+
+def _cosign_claims(store: Store, mk: ModelKit, report: VerifyReport, held: cosign.CosignClaims) -> signature.SignedClaims:
+    """What a cosign-style signature vouches for, as the claims unpack and run check files against: the
+    manifest digest pins the config (so the Kitfile's name and version) and every layer's digest, so the
+    file hashes are read from those layers, checked by the "blobs" check against the signed digests."""
+    hashes, _ = file_hashes(store, mk)
+    expires = held.expires
+    report.checks += [
+        Check("signature", True, f"cosign-style ECDSA P-256 signature of the manifest digest by trusted key {held.key_id[:16]}… (no model-signing signature held)"),
+        Check("subject", True, f"signed manifest digest equals {mk.digest[:19]}…"),
+        Check("files", True, f"{len(hashes)} files, hashed from the layers the signed manifest pins (no signed file list)"),
+        Check("expiry", True, f"valid until {expires}" if expires else "no expiry in the signature"),
+    ]
+    fields: dict[str, Any] = {"name": mk.kitfile.name, "version": mk.kitfile.version, "manifest_digest": mk.digest}
+    return signature.SignedClaims(key_id=held.key_id, files=hashes, bundle=fields | ({"expires": expires} if expires else {}), statement=held.statement)
 
 
 def signed_before_download(manifest_digest: str, payloads: list[bytes], trusted: Mapping[str, Any], now: dt.datetime | None = None) -> signature.SignedClaims:
@@ -298,6 +347,9 @@ def signed_before_download(manifest_digest: str, payloads: list[bytes], trusted:
     for payload in payloads[:MAX_SIGNATURES]:
         stage = 0
         try:
+            if cosign.kind_of(payload) == cosign.KIND:
+                held = cosign.verify_digest(payload, trusted, manifest_digest, now)
+                return signature.SignedClaims(key_id=held.key_id, files={}, bundle={"manifest_digest": manifest_digest}, statement=held.statement)
             claims = signature.verify(payload, trusted)
             stage = 2
             if claims.bundle.get("manifest_digest") != manifest_digest:
