@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo sysdeps install bench clean
+.PHONY: test demo sysdeps jsdeps install bench clean
 
 # llama-cpp-python (the llama.cpp engine for GGUF bundles) is built from its sdist with this CPU's own
 # vector extensions (about 5 minutes on 2 AVX2 cores; pip's wheel cache makes later installs instant).
@@ -29,7 +29,13 @@ sysdeps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry skopeo tar chromium >/dev/null; \
 	fi
 
-test: $(STAMP) sysdeps
+# Sigstore's own JavaScript verifier and signer for tests/test_cosign_js.py, pinned by tests/js/package-lock.json.
+jsdeps:
+	@if command -v npm >/dev/null; then \
+		[ -d tests/js/node_modules/@sigstore/verify ] || npm ci --prefix tests/js --no-audit --no-fund --silent; \
+	else echo "node/npm absent: the @sigstore/verify tests will be skipped"; fi
+
+test: $(STAMP) sysdeps jsdeps
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -41,4 +47,4 @@ bench: $(STAMP) sysdeps
 	$(PY) benchmarks/registry.py
 
 clean:
-	rm -rf $(VENV) demo/work
+	rm -rf $(VENV) demo/work tests/js/node_modules

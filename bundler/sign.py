@@ -107,6 +107,16 @@ def _stage_artifact(staging: Any, mk: ModelKit, payload: bytes, annotations: Map
     return Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
 
 
+def attach_signature(store: Store, mk: ModelKit, payload: bytes, annotations: Mapping[str, str]) -> Descriptor:
+    """Store a Sigstore bundle made elsewhere (cosign, Sigstore's own libraries) as a signature artifact of
+    the bundle; `verify` judges it like any other."""
+    with store.transaction() as staging:
+        desc = _stage_artifact(staging, mk, payload, annotations)
+        staging.commit()
+        store.add_untagged(desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
+    return desc
+
+
 def _own_cosign(store: Store, subject_digest: str, public_key: Any) -> list[str]:
     """Digests of this bundle's cosign-style signatures that verify with this very key (expired or not)."""
     kid = keys.key_id(public_key)
