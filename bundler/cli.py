@@ -164,8 +164,9 @@ def init(store: Store, target_dir: str, draft_dir: str, tokenizer_dir: str | Non
 @click.option("-t", "--tag", "ref", required=True, help="Reference NAME[:TAG] to store the bundle under.")
 @click.option("--key", "key_path", type=click.Path(), help="Private key: sign the bundle too.")
 @click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
+@click.option("--cosign-legacy", is_flag=True, help="Also write cosign's older `sha256-<hex>.sig` tag form on push (for policy-controller key authorities; docs/cosign.md).")
 @command
-def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float) -> None:
+def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float, cosign_legacy: bool) -> None:
     """Pack CONTEXT into a ModelKit in the store; the last line printed is the manifest digest.
 
     Refused before anything is written: content `verify` or `run` would refuse (roles, the tokenizer gate,
@@ -186,7 +187,7 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
         from bundler.modelkit import load_modelkit
 
         mk = load_modelkit(store, parsed)
-        signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days)
+        signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days, cosign_legacy)
         click.echo(f"signed by {signed.key_id[:16]}… (signature {signed.signature_digest})")
     click.echo(result.digest)
 
@@ -195,14 +196,15 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
 @click.argument("ref")
 @click.option("--key", "key_path", required=True, type=click.Path(), help="Private key (PKCS#8 PEM).")
 @click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
+@click.option("--cosign-legacy", is_flag=True, help="Also write cosign's older `sha256-<hex>.sig` tag form on push (for policy-controller key authorities; docs/cosign.md).")
 @command
-def sign(store: Store, ref: str, key_path: str, valid_days: float) -> None:
+def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy: bool) -> None:
     """Sign a bundle already in the store; refused where `bundle pack --key` would refuse it."""
     from bundler.sign import sign_checked
 
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), _password())
-    signed = sign_checked(store, parsed, private, valid_days)
+    signed = sign_checked(store, parsed, private, valid_days, cosign_legacy)
     click.echo(f"signed {parsed} ({signed.digest}) by {signed.key_id[:16]}…\n{signed.signature_digest}")
 
 

@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from bundler import dsse
 from bundler.errors import BundleError
@@ -46,6 +47,13 @@ EXPIRES_ANNOTATION = "specbundle.dev/expires"
 
 KIND = "cosign"
 MODEL_SIGNING_KIND = "model-signing"
+
+# The legacy form (cosign before the new bundle format; what policy-controller's key authorities read): an
+# image tagged sha256-<hex>.sig whose layers are simple-signing payloads, each signature in an annotation.
+SIMPLE_SIGNING_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+SIMPLE_SIGNING_TYPE = "cosign container image signature"
+OCI_IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,34 @@ def artifact_annotations(created: dt.datetime) -> dict[str, str]:
         CONTENT_ANNOTATION: "dsse-envelope",
         PREDICATE_ANNOTATION: PREDICATE_TYPE,
     }
+
+
+def legacy_tag(manifest_digest: str) -> str:
+    """cosign's signature tag for a manifest digest: `sha256-<hex>.sig`."""
+    return manifest_digest.replace(":", "-", 1) + ".sig"
+
+
+def legacy_payload(manifest_digest: str, docker_reference: str, annotations: Mapping[str, str] | None = None) -> bytes:
+    """The simple-signing payload cosign's legacy `sign` writes (sigstore/sigstore payload.Cosign), in Go's
+    field order; the optional part holds the `-a` annotations (null without)."""
+    critical = {
+        "identity": {"docker-reference": docker_reference},
+        "image": {"docker-manifest-digest": manifest_digest},
+        "type": SIMPLE_SIGNING_TYPE,
+    }
+    return json.dumps({"critical": critical, "optional": dict(annotations) if annotations else None}, separators=(",", ":")).encode("utf-8")
+
+
+def legacy_sign(payload: bytes, private_key: PrivateKey) -> str:
+    """The base64 ECDSA P-256 / SHA-256 signature over the payload bytes, as the layer annotation holds it."""
+    dsse.require_signing_key(private_key)
+    return base64.b64encode(private_key.sign(payload, ec.ECDSA(hashes.SHA256()))).decode("ascii")
+
+
+def legacy_config(layer_digest: str) -> bytes:
+    """The image config of a signature image: empty apart from the one layer's diff id."""
+    return json.dumps({"architecture": "", "created": "0001-01-01T00:00:00Z", "history": [{"created": "0001-01-01T00:00:00Z"}],
+                       "os": "", "rootfs": {"type": "layers", "diff_ids": [layer_digest]}, "config": {}}, separators=(",", ":")).encode()
 
 
 # ---------------------------------------------------------------- reading

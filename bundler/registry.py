@@ -33,12 +33,12 @@ import oras.auth.utils
 import requests
 import urllib3
 
-from bundler import boundedjson, credentials, runrecord, signature
+from bundler import boundedjson, cosign, credentials, runrecord, signature
 from bundler.errors import BundleError
 from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
 from bundler.modelkit import load_modelkit
 from bundler.refs import Ref
-from bundler.sign import find_signatures
+from bundler.sign import find_legacy_signatures, find_signatures
 from bundler.store import MAX_JSON_BLOB, Store
 from bundler.verify import MAX_SIGNATURES, ROLLBACK_STATE, signed_before_download, verify_bundle, version_key
 
@@ -450,6 +450,8 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
         sigs.append((sig_desc, data, sig_manifest))
         for item in [sig_manifest["config"], *sig_manifest["layers"]]:
             blobs.append((Descriptor(item["mediaType"], item["digest"], item["size"]), f"signature {item['digest'][7:19]}"))
+    legacy = find_legacy_signatures(store, mk.digest)  # cosign's older `sha256-<hex>.sig` tag form (bundler.cosign)
+    blobs += [(Descriptor(i["mediaType"], i["digest"], i["size"]), "cosign .sig") for _, _, m in legacy for i in [m["config"], *m["layers"]]]
     records = local_records(store, mk.digest)
     blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
     unique = list({d.digest: (d, label) for d, label in blobs}.values())
@@ -467,6 +469,8 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
         if fallback:
             _update_fallback_index(client, mk.digest, fallback)
         mode = "tag" if fallback else "api"
+    for _, data, _ in legacy[-1:]:  # the tag holds one image
+        _put_manifest(client, cosign.legacy_tag(mk.digest), data, OCI_MANIFEST, "push of the cosign .sig tag")
     push_records(client, mk.digest, records)
     return PushResult(str(ref), mk.digest, uploader.uploaded, uploader.skipped, uploader.bytes, [s[0].digest for s in sigs], mode,
                       [desc.digest for desc, _, _ in records])

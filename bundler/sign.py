@@ -65,8 +65,10 @@ def sign_modelkit(
     files: Mapping[str, str] | None = None,
     roles: Mapping[str, str] | None = None,
     valid_days: float = DEFAULT_VALID_DAYS,
+    cosign_legacy: bool = False,
 ) -> SignResult:
-    """Sign a bundle and store the signature artifact beside it (files/roles: from pack, else read from the layers)."""
+    """Sign a bundle and store the signature artifacts beside it (files/roles: from pack, else read from the
+    layers): the model-signing one, the cosign-style one, and with `cosign_legacy` cosign's older tag form."""
     if files is None or roles is None:
         files, roles = file_hashes(store, mk)
     fields = signed_fields(mk, roles, valid_days)
@@ -86,6 +88,8 @@ def sign_modelkit(
         for old in _own_cosign(store, mk.digest, private_key.public_key()):
             if old != cosign_desc.digest:  # the new one replaces this key's earlier ones: same claim, newer expiry
                 store.remove_manifest(old)
+    if cosign_legacy:
+        _store_legacy(store, mk, private_key, {cosign.EXPIRES_ANNOTATION: fields["expires"]})
     return SignResult(mk.digest, keys.key_id(private_key.public_key()), desc.digest, cosign_desc.digest)
 
 
@@ -105,6 +109,45 @@ def _stage_artifact(staging: Any, mk: ModelKit, payload: bytes, annotations: Map
         }
     )
     return Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+
+
+def _store_legacy(store: Store, mk: ModelKit, private_key: Any, annotations: Mapping[str, str]) -> Descriptor:
+    """Store cosign's legacy signature image for the bundle (pushed as the `sha256-<hex>.sig` tag), replacing
+    an earlier one: the tag holds one image. Its `subject` keeps it with its bundle in `gc`."""
+    payload = cosign.legacy_payload(mk.digest, mk.ref.name, annotations)
+    with store.transaction() as staging:
+        layer = Descriptor(cosign.SIMPLE_SIGNING_MEDIA_TYPE, staging.add_bytes(payload).digest, len(payload))
+        config_bytes = cosign.legacy_config(layer.digest)
+        config = Descriptor(cosign.OCI_IMAGE_CONFIG, staging.add_bytes(config_bytes).digest, len(config_bytes))
+        manifest = go_json(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI_MANIFEST,
+                "config": config.as_dict(),
+                "layers": [layer.as_dict() | {"annotations": {cosign.SIGNATURE_ANNOTATION: cosign.legacy_sign(payload, private_key)}}],
+                "subject": mk.manifest_desc.as_dict() | {"mediaType": OCI_MANIFEST},
+            }
+        )
+        desc = Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+        staging.commit()
+        for old, _, _ in find_legacy_signatures(store, mk.digest):
+            store.remove_manifest(old.digest)
+        store.add_untagged(desc, cosign.SIMPLE_SIGNING_MEDIA_TYPE)
+    return desc
+
+
+def find_legacy_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes, dict[str, Any]]]:
+    """The bundle's cosign legacy signature images in the store: (descriptor, manifest bytes, manifest)."""
+    out = []
+    for desc in store.untagged(cosign.SIMPLE_SIGNING_MEDIA_TYPE):
+        try:
+            data, manifest = store.read_json_blob(desc)
+        except BundleError:
+            continue
+        subject = manifest.get("subject") if isinstance(manifest, dict) else None
+        if isinstance(subject, dict) and subject.get("digest") == subject_digest:
+            out.append((desc, data, manifest))
+    return out
 
 
 def attach_signature(store: Store, mk: ModelKit, payload: bytes, annotations: Mapping[str, str]) -> Descriptor:
@@ -210,7 +253,7 @@ def check_new_release(store: Store, name: str, version: str, digest: str) -> Non
                           f"({other[0][:19]}…): raise package.version in the Kitfile for a new release")
 
 
-def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = DEFAULT_VALID_DAYS) -> SignResult:
+def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = DEFAULT_VALID_DAYS, cosign_legacy: bool = False) -> SignResult:
     """`bundle sign`: refuse what `bundle pack --key` refuses, then sign. In order: verify's integrity checks
     (no signature needed yet: a damaged bundle is never signed), the content checks verify and run make
     (bundler.contentcheck, on the files extracted into a private temp directory), and no other content
@@ -224,4 +267,4 @@ def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = D
     assert mk is not None
     check_stored(store, report)
     check_new_release(store, mk.kitfile.name, mk.kitfile.version, mk.digest)
-    return sign_modelkit(store, mk, private_key, valid_days=valid_days)
+    return sign_modelkit(store, mk, private_key, valid_days=valid_days, cosign_legacy=cosign_legacy)
