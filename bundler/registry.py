@@ -758,8 +758,9 @@ def pull(
     sig_manifests: list[tuple[Descriptor, bytes]] = []
     sig_layers: dict[str, str] = {}  # signature manifest digest -> its Sigstore bundle blob digest
     meta = blobs[:1]
-    # At most MAX_SIGNATURES candidates: anyone able to attach referrers can attach thousands.
-    for sig in referrers(client, digest)[:MAX_SIGNATURES]:
+    # At most MAX_SIGNATURES candidates of each kind (model-signing, cosign-style): anyone able to attach
+    # referrers can attach thousands.
+    for sig in referrers(client, digest)[:2 * MAX_SIGNATURES]:
         data, sig_digest, _ = _get_manifest(client, sig.digest, f"signature {sig.digest[:19]}…", expect=sig.digest)
         try:
             body = boundedjson.loads(data, f"signature {sig_digest[:19]}…")

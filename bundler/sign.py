@@ -85,8 +85,8 @@ def sign_modelkit(
         for old in _own_expired(store, mk.digest, private_key.public_key()):
             if old != desc.digest:  # the new one stays even if it is already expired (--valid-days <= 0)
                 store.remove_manifest(old)
-        for old in _own_cosign(store, mk.digest, private_key.public_key()):
-            if old != cosign_desc.digest:  # the new one replaces this key's earlier ones: same claim, newer expiry
+        for old in _own_cosign_expired(store, mk.digest, private_key.public_key()):
+            if old != cosign_desc.digest:  # as above: a renewal replaces this key's expired ones
                 store.remove_manifest(old)
     if cosign_legacy:
         _store_legacy(store, mk, private_key, {cosign.EXPIRES_ANNOTATION: fields["expires"]})
@@ -160,18 +160,18 @@ def attach_signature(store: Store, mk: ModelKit, payload: bytes, annotations: Ma
     return desc
 
 
-def _own_cosign(store: Store, subject_digest: str, public_key: Any) -> list[str]:
-    """Digests of this bundle's cosign-style signatures that verify with this very key (expired or not)."""
+def _own_cosign_expired(store: Store, subject_digest: str, public_key: Any) -> list[str]:
+    """Digests of this bundle's cosign-style signatures by this very key that have expired."""
     kid = keys.key_id(public_key)
     out = []
     for desc, payload in find_signatures(store, subject_digest):
         if cosign.kind_of(payload) != cosign.KIND:
             continue
         try:
-            cosign.verify_digest(payload, {kid: public_key}, subject_digest, now=dt.datetime.min.replace(tzinfo=dt.timezone.utc))
-        except BundleError:
-            continue
-        out.append(desc.digest)
+            cosign.verify_digest(payload, {kid: public_key}, subject_digest)
+        except BundleError as err:
+            if err.code == "expired":
+                out.append(desc.digest)
     return out
 
 

@@ -132,6 +132,15 @@ def read_unverified(bundle_json: bytes) -> SignedClaims | None:
         return None
 
 
+def named_key(bundle_json: bytes) -> str | None:
+    """The key id a signature's hint names, unchecked (the hint is outside the signed bytes), or None."""
+    try:
+        hint = json.loads(bundle_json)["verificationMaterial"]["publicKey"]["hint"]
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+    return hint if isinstance(hint, str) else None
+
+
 # ---------------------------------------------------------------- timestamps
 
 

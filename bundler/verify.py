@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from bundler import cosign, signature
+from bundler import cosign, dsse, signature
 from bundler.errors import BundleError
 from bundler.kitfile import MODEL_ROLES, pickle_files
 from bundler.layerread import LayerScan, scan_layer
@@ -233,8 +233,9 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
         check_tokenizers(dirs)
 
 
-# Candidate signatures looked at per bundle: anyone able to attach referrers in a registry can attach
-# thousands, and each costs a verification; the owner's own are among the first few in practice.
+# Candidate signatures looked at per bundle, of each kind (model-signing, cosign-style): anyone able to
+# attach referrers in a registry can attach thousands, and each costs a verification; the owner's own are
+# among the first few in practice.
 MAX_SIGNATURES = 16
 
 # How far a failing candidate got, so the error shown is the one a user can act on: a trusted, valid
@@ -278,27 +279,33 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         report.checks.append(Check("signature", False, err.message))
         report.error = err
         raise _Failed from err
-    # Cosign-style signatures name only the manifest digest: checked first (one ECDSA verification each),
-    # they decide only when no model-signing signature holds (bundler.cosign, docs/cosign.md).
-    best: tuple[int, list[Check], BundleError] | None = None
+    # Cosign-style signatures name only the manifest digest: each is checked (one ECDSA verification) and
+    # listed, but decides only where no model-signing signature names a trusted key: that one is the key's
+    # full statement (files, name, version, expiry), and its failure stands (docs/cosign.md).
+    kinds = [(desc, payload, cosign.kind_of(payload)) for desc, payload in found]
+    candidates = [c for k in (cosign.KIND, cosign.MODEL_SIGNING_KIND) for c in [c for c in kinds if c[2] == k][:MAX_SIGNATURES]]
     by_cosign: tuple[Descriptor, bytes, cosign.CosignClaims] | None = None
-    candidates = found[:MAX_SIGNATURES]
-    for desc, payload in [c for c in candidates if cosign.kind_of(c[1]) == cosign.KIND]:
+    cosign_best: tuple[int, list[Check], BundleError] | None = None
+    for desc, payload, kind in candidates:
+        if kind != cosign.KIND:
+            continue
         try:
             held = cosign.verify_digest(payload, trusted, mk.digest, now)
         except BundleError as err:
-            stage = {"signature-mismatch": "subject", "expired": "expiry"}.get(err.code, "signature")
-            report.signatures.append({"kind": cosign.KIND, "digest": desc.digest, "key_id": None, "verified": False})
-            report.skipped_signatures.append({"digest": desc.digest, "key_id": None, "check": stage, "error": {"code": err.code, "message": err.message}})
-            rank = _STAGES.index(stage) * 2 + (err.code != "signature-invalid")
-            if best is None or rank > best[0]:
-                best = (rank, [Check(stage, False, err.message)], err)
+            report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": None, "verified": False, "error": {"code": err.code, "message": err.message}})
+            # Below any model-signing failure past its signature check: that one says more.
+            rank = {"signature-invalid": 0, "untrusted-signer": 1, "key-error": 1}.get(err.code, 2)
+            if cosign_best is None or rank > cosign_best[0]:
+                cosign_best = (rank, [Check("signature", False, err.message)], err)
             continue
-        report.signatures.append({"kind": cosign.KIND, "digest": desc.digest, "key_id": held.key_id, "verified": True})
+        report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": held.key_id, "verified": True})
         by_cosign = by_cosign or (desc, payload, held)
-    for desc, payload in [c for c in candidates if cosign.kind_of(c[1]) != cosign.KIND]:
+    best: tuple[int, list[Check], BundleError] | None = None
+    for desc, payload, kind in candidates:
+        if kind == cosign.KIND:
+            continue
         claims, checks, err = _candidate_checks(mk, report.files, payload, trusted, now)
-        report.signatures.append({"kind": cosign.MODEL_SIGNING_KIND, "digest": desc.digest, "key_id": claims.key_id if claims else None, "verified": err is None})
+        report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": claims.key_id if claims else None, "verified": err is None})
         if err is None and claims is not None:
             report.checks.extend(checks)
             report.signature_digest = desc.digest
@@ -308,16 +315,26 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         rank = _STAGES.index(checks[-1].name) * 2 + (err.code != "signature-invalid")
         if best is None or rank > best[0]:
             best = (rank, checks, err)
-    if by_cosign is not None:
+    names_trusted = any(kind != cosign.KIND and signature.named_key(payload) in _trusted_ids(trusted) for _, payload, kind in candidates)
+    if by_cosign is not None and not names_trusted:
         desc, payload, held = by_cosign
         report.signature_digest = desc.digest
         return _cosign_claims(store, mk, report, held), payload
-    if len(found) > MAX_SIGNATURES:
-        report.skipped_signatures.append({"digest": None, "key_id": None, "check": "signature", "error": {"code": "signature-invalid", "message": f"{len(found) - MAX_SIGNATURES} more signatures not considered (at most {MAX_SIGNATURES})"}})
+    if cosign_best is not None and not names_trusted and (best is None or cosign_best[0] > best[0]):
+        best = cosign_best
+    if len(found) > len(candidates):
+        report.skipped_signatures.append({"digest": None, "key_id": None, "check": "signature", "error": {"code": "signature-invalid", "message": f"{len(found) - len(candidates)} more signatures not considered (at most {MAX_SIGNATURES} of each kind)"}})
     assert best is not None
     report.checks.extend(best[1])
     report.error = best[2]
     raise _Failed from best[2]
+
+
+def _trusted_ids(trusted: Mapping[str, Any]) -> set[str]:
+    try:
+        return set(dsse.trusted_by_id(trusted))
+    except BundleError:
+        return set()  # a key that is not P-256: the signature checks say so
 
 
 def _cosign_claims(store: Store, mk: ModelKit, report: VerifyReport, held: cosign.CosignClaims) -> signature.SignedClaims:
@@ -344,7 +361,7 @@ def signed_before_download(manifest_digest: str, payloads: list[bytes], trusted:
     if not payloads:
         raise BundleError("signature-missing", f"{manifest_digest[:19]}… has no signature (pass --allow-unsigned to check integrity only)")
     best: tuple[int, BundleError] | None = None
-    for payload in payloads[:MAX_SIGNATURES]:
+    for payload in payloads[:2 * MAX_SIGNATURES]:  # of each kind
         stage = 0
         try:
             if cosign.kind_of(payload) == cosign.KIND:

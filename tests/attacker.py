@@ -155,11 +155,16 @@ class StoreEditor:
         return self.read(self.layer_digest(ref, role))
 
     # signatures
-    def signatures(self, subject: str | None = None) -> list[dict[str, Any]]:
-        """Index entries of signature artifacts (whose subject is `subject`, when given)."""
+    def signatures(self, subject: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        """Index entries of signature artifacts (whose subject is `subject`, when given; of one kind,
+        "model-signing" or "cosign", when given)."""
+        from bundler.cosign import kind_of
+
         out = []
         for m in self.index()["manifests"]:
             if m.get("artifactType") != SIGNATURE_TYPE:
+                continue
+            if kind is not None and kind_of(self.signature_payload(m)) != kind:
                 continue
             if subject is None or json.loads(self.read(m["digest"])).get("subject", {}).get("digest") == subject:
                 out.append(m)

@@ -20,7 +20,7 @@ from registry_server import Registry, registry  # noqa: F401  (fixture)
 from bundler import cosign, keys
 from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref
-from bundler.sign import attach_signature, find_signatures
+from bundler.sign import attach_signature, find_signatures, sign_modelkit
 from bundler.store import Store
 
 REF = "tiny-spec:1.0.0"
@@ -151,12 +151,16 @@ def test_expired_cosign_signature_is_refused(tree: Path, store_dir: Path, keypai
     assert result.code == 3 and report["error"]["code"] == "expired"
 
 
-def test_signing_again_replaces_the_keys_own_cosign_signature(tree: Path, store_dir: Path, keypair) -> None:
-    digest = _pack(tree, store_dir, keypair[0])
-    first = _artifacts(store_dir, digest)[cosign.KIND][0]
+def test_signing_again_replaces_the_keys_expired_cosign_signature(tree: Path, store_dir: Path, keypair) -> None:
+    digest = _pack(tree, store_dir, None)
+    s = Store(store_dir)
+    sign_modelkit(s, load_modelkit(s, parse_ref(REF)), keys.load_private_key(keypair[0]), valid_days=-1)  # the CLI refuses <= 0
+    expired = _artifacts(store_dir, digest)[cosign.KIND][0]
     run_bundle("sign", REF, "--key", str(keypair[0]), "--store", str(store_dir), check=True)
     kinds = [cosign.kind_of(p) for _, p in find_signatures(Store(store_dir), digest)]
-    assert kinds.count(cosign.KIND) == 1 and _artifacts(store_dir, digest)[cosign.KIND][0] != first
+    assert kinds.count(cosign.KIND) == 1 and _artifacts(store_dir, digest)[cosign.KIND][0] != expired
+    result, report = _verify(store_dir, keypair[1])
+    assert result.code == 0 and report["signature_kinds"] == ["cosign", "model-signing"]
 
 
 def test_push_lists_both_signatures_in_the_referrers_tag_fallback(registry: Registry, tree: Path, tmp_path: Path, keypair) -> None:  # noqa: F811

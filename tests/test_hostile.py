@@ -336,7 +336,7 @@ def test_removed_signature_is_missing(attack: Attack, delete_blobs: bool) -> Non
 
 def test_signature_moved_from_another_bundle_is_a_mismatch(attack: Attack) -> None:
     mine = attack.edit.manifest_digest(REF)
-    [theirs] = attack.edit.signatures(attack.edit.manifest_digest(OTHER))
+    [theirs] = attack.edit.signatures(attack.edit.manifest_digest(OTHER), kind="model-signing")
     attack.edit.drop_signatures(mine)
     attack.edit.point_signature(theirs, mine)
     attack.refused("signature-mismatch", INTEGRITY, unpack=True)
@@ -344,14 +344,14 @@ def test_signature_moved_from_another_bundle_is_a_mismatch(attack: Attack) -> No
 
 def test_signature_over_another_version_is_a_mismatch(attack: Attack) -> None:
     mine = attack.edit.manifest_digest(REF)
-    [newer] = attack.edit.signatures(attack.edit.manifest_digest(NEWER))
+    [newer] = attack.edit.signatures(attack.edit.manifest_digest(NEWER), kind="model-signing")
     attack.edit.drop_signatures(mine)
     attack.edit.point_signature(newer, mine)
     attack.refused("signature-mismatch", INTEGRITY)
 
 
 def test_signature_with_a_flipped_byte_is_invalid(attack: Attack) -> None:
-    [entry] = attack.edit.signatures(attack.edit.manifest_digest(REF))
+    [entry] = attack.edit.signatures(attack.edit.manifest_digest(REF), kind="model-signing")
     sigstore = json.loads(attack.edit.signature_payload(entry))
     sig = sigstore["dsseEnvelope"]["signatures"][0]
     sig["sig"] = ("B" if sig["sig"][10] == "A" else "A").join([sig["sig"][:10], sig["sig"][11:]])
@@ -362,7 +362,7 @@ def test_signature_with_a_flipped_byte_is_invalid(attack: Attack) -> None:
 def test_signature_payload_nesting_bomb_is_invalid_and_inspect_survives_it(attack: Attack) -> None:
     import base64
 
-    [entry] = attack.edit.signatures(attack.edit.manifest_digest(REF))
+    [entry] = attack.edit.signatures(attack.edit.manifest_digest(REF), kind="model-signing")
     sigstore = json.loads(attack.edit.signature_payload(entry))
     sigstore["dsseEnvelope"]["payload"] = base64.b64encode(b"[" * 100_000 + b"]" * 100_000).decode()
     attack.edit.point_signature(entry, attack.edit.manifest_digest(REF), json.dumps(sigstore).encode())
@@ -401,7 +401,7 @@ def test_expiry_extended_by_editing_the_signed_payload_is_invalid(attack: Attack
 
     attack.edit.drop_signatures()
     attack.edit.sign_with_key(REF, attack.base.key, valid_days=-1)
-    [entry] = attack.edit.signatures()
+    [entry] = attack.edit.signatures(kind="model-signing")
     sigstore = json.loads(attack.edit.signature_payload(entry))
     statement = json.loads(base64.b64decode(sigstore["dsseEnvelope"]["payload"]))
     statement["predicate"]["bundle"]["expires"] = "2099-01-01T00:00:00Z"
@@ -543,15 +543,17 @@ def test_malformed_index_is_an_invalid_bundle(attack: Attack, index: str) -> Non
     ],
 )
 def test_malformed_signature_artifact_counts_as_no_signature(attack: Attack, change: Any) -> None:
-    [entry] = attack.edit.signatures(attack.edit.manifest_digest(REF))
-    artifact = json.loads(attack.edit.read(entry["digest"]))
-    change(artifact)
-    data = json.dumps(artifact).encode()
-    index = attack.edit.index()
-    for m in index["manifests"]:
-        if m["digest"] == entry["digest"]:
-            m.update(digest=attack.edit.put(data), size=len(data))
-    attack.edit.write_index(index)
+    entries = attack.edit.signatures(attack.edit.manifest_digest(REF))
+    assert len(entries) == 2  # model-signing and cosign-style: each malformed the same way
+    for entry in entries:
+        artifact = json.loads(attack.edit.read(entry["digest"]))
+        change(artifact)
+        data = json.dumps(artifact).encode()
+        index = attack.edit.index()
+        for m in index["manifests"]:
+            if m["digest"] == entry["digest"]:
+                m.update(digest=attack.edit.put(data), size=len(data))
+        attack.edit.write_index(index)
     attack.refused("signature-missing", INTEGRITY)
 
 
@@ -611,12 +613,13 @@ def test_expired_signature_renewed_by_signing_again_verifies(attack: Attack) -> 
     renewed = attack.bundle("sign", REF, "--key", str(attack.base.key))
     assert renewed.code == 0, renewed.err
     assert attack.verify().code == 0
-    assert len(attack.edit.signatures()) == 1, "sign keeps its own key's expired signatures"
+    kinds = [len(attack.edit.signatures(kind=kind)) for kind in ("model-signing", "cosign")]
+    assert kinds == [1, 1], "sign keeps its own key's expired signatures"
 
 
 def test_expired_signature_beside_a_valid_one_is_skipped_and_listed(attack: Attack) -> None:
     attack.edit.sign_with_key(REF, attack.base.key, valid_days=-1)
-    attack.edit.move_to_front({m["digest"] for m in attack.edit.signatures(attack.edit.manifest_digest(REF))[-1:]})
+    attack.edit.move_to_front({m["digest"] for m in attack.edit.signatures(attack.edit.manifest_digest(REF), kind="model-signing")[-1:]})
     report = json.loads(attack.verify("--json").out)
     assert report["ok"] and [s["error"]["code"] for s in report["skipped_signatures"]] == ["expired"]
 
