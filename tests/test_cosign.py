@@ -206,3 +206,64 @@ def test_a_malformed_cosign_bundle_is_a_clear_error(bad: bytes, keypair) -> None
     with pytest.raises(Exception) as info:
         cosign.verify_digest(bad, {"k": keys.load_public_key(keypair[1])}, "sha256:" + "0" * 64)
     assert getattr(info.value, "code", None) == "signature-invalid"
+
+
+def test_a_foreign_model_signing_signature_does_not_block_a_cosign_only_bundle(tree: Path, store_dir: Path, keypair, other_keypair) -> None:
+    digest = _pack(tree, store_dir, None)
+    s = Store(store_dir)
+    mk = load_modelkit(s, parse_ref(REF))
+    sign_modelkit(s, mk, keys.load_private_key(other_keypair[0]))  # anyone's signatures, both kinds, first in the index
+    attach_signature(s, mk, cosign.sign_digest(digest, keys.load_private_key(keypair[0])), {})
+    result, report = _verify(store_dir, keypair[1])
+    assert result.code == 0, result.err
+    assert report["signature_kinds"] == ["cosign"] and report["skipped_signatures"][0]["error"]["code"] == "untrusted-signer"
+
+
+def test_a_failing_model_signing_signature_by_the_trusted_key_is_not_rescued_by_the_cosign_one(tree: Path, store_dir: Path, keypair) -> None:
+    """The model-signing signature is the key's full statement: when it names a trusted key and fails, the
+    bundle fails, though the cosign-style signature beside it holds."""
+    digest = _pack(tree, store_dir, keypair[0])
+    s = Store(store_dir)
+    for desc, payload in find_signatures(s, digest):
+        if cosign.kind_of(payload) == cosign.MODEL_SIGNING_KIND:
+            bundle = json.loads(payload)
+            sig = bundle["dsseEnvelope"]["signatures"][0]["sig"]
+            bundle["dsseEnvelope"]["signatures"][0]["sig"] = sig[:10] + ("B" if sig[10] == "A" else "A") + sig[11:]
+            with s.lock():
+                s.remove_manifest(desc.digest)
+            attach_signature(s, load_modelkit(s, parse_ref(REF)), json.dumps(bundle).encode(), {})
+    result, report = _verify(store_dir, keypair[1])
+    assert result.code == 3 and report["error"]["code"] == "signature-invalid"
+    assert [(x["kind"], x["verified"]) for x in report["signatures"]] == [("cosign", True), ("model-signing", False)]
+
+
+def test_cosign_legacy_flag_pushes_the_sig_tag_cosign_and_policy_controller_read(registry: Registry, tree: Path, tmp_path: Path, keypair) -> None:  # noqa: F811
+    ref = f"{registry.host}/legacy/tiny-spec:1.0.0"
+    digest = run_bundle("pack", str(tree), "-t", ref, "--key", str(keypair[0]), "--cosign-legacy", "--store", str(tmp_path / "s"), check=True).out.strip().splitlines()[-1]
+    run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s"), check=True)
+    base = f"http://{registry.host}/v2/legacy/tiny-spec"
+    manifest = requests.get(f"{base}/manifests/sha256-{digest[7:]}.sig", headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10).json()
+    [layer] = manifest["layers"]
+    assert layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
+    payload = requests.get(f"{base}/blobs/{layer['digest']}", timeout=10).content
+    simple = json.loads(payload)
+    assert simple["critical"]["image"]["docker-manifest-digest"] == digest
+    assert simple["critical"]["type"] == "cosign container image signature"
+    signature = base64.b64decode(layer["annotations"]["dev.cosignproject.cosign/signature"])
+    keys.load_public_key(keypair[1]).verify(signature, payload, ec.ECDSA(hashes.SHA256()))
+
+
+def test_without_the_flag_no_sig_tag_is_pushed(registry: Registry, tree: Path, tmp_path: Path, keypair) -> None:  # noqa: F811
+    ref = f"{registry.host}/nolegacy/tiny-spec:1.0.0"
+    digest = _pack(tree, tmp_path / "s", keypair[0], ref)
+    run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s"), check=True)
+    got = requests.get(f"http://{registry.host}/v2/nolegacy/tiny-spec/manifests/sha256-{digest[7:]}.sig", headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10)
+    assert got.status_code == 404
+
+
+def test_gc_removes_the_cosign_signatures_with_their_bundle(tree: Path, store_dir: Path, keypair) -> None:
+    run_bundle("pack", str(tree), "-t", REF, "--key", str(keypair[0]), "--cosign-legacy", "--store", str(store_dir), check=True)
+    assert len(Store(store_dir).index()["manifests"]) == 4  # the bundle, model-signing, cosign-style, legacy .sig
+    run_bundle("rm", REF, "--store", str(store_dir), check=True)
+    run_bundle("gc", "--store", str(store_dir), check=True)
+    assert Store(store_dir).index()["manifests"] == []
