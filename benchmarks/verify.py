@@ -98,6 +98,7 @@ def main() -> None:
     from bundler.keys import load_public_key, trusted_keys
     from bundler.modelkit import load_modelkit
     from bundler.refs import parse_ref
+    from bundler.cosign import MODEL_SIGNING_KIND, kind_of
     from bundler.sign import find_signatures
     from bundler.store import Store
     from bundler.verify import verify_bundle
@@ -120,7 +121,7 @@ def main() -> None:
         total = sum(p.stat().st_size for p in blobs)
         trusted = trusted_keys([pub])
         signature = tmp / "bundle.sig"
-        signature.write_bytes(find_signatures(store, mk.digest)[0][1])
+        signature.write_bytes(next(p for _, p in find_signatures(store, mk.digest) if kind_of(p) == MODEL_SIGNING_KIND))
 
         def ours() -> None:
             report = verify_bundle(store, ref, trusted, record=False)
