@@ -95,10 +95,10 @@ def main() -> None:
 
     import model_signing
 
+    from bundler.cosign import MODEL_SIGNING_KIND, kind_of
     from bundler.keys import load_public_key, trusted_keys
     from bundler.modelkit import load_modelkit
     from bundler.refs import parse_ref
-    from bundler.cosign import MODEL_SIGNING_KIND, kind_of
     from bundler.sign import find_signatures
     from bundler.store import Store
     from bundler.verify import verify_bundle
