@@ -125,22 +125,26 @@ def test_manifest_connection_cut_short_is_a_network_error(packed: Path, tmp_path
 
 
 def test_signature_manifest_with_subject_as_a_list_counts_as_no_signature(packed: Path, tmp_path: Path, keypair) -> None:
-    index = json.loads((packed / "index.json").read_text())
-    [sig] = [m for m in index["manifests"] if "artifactType" in m]
-    [entry] = [m for m in index["manifests"] if "annotations" in m]
-    sig_manifest = json.loads((packed / "blobs" / "sha256" / sig["digest"].split(":")[1]).read_bytes())
-    sig_manifest["subject"] = [sig_manifest["subject"]]
-    data = json.dumps(sig_manifest).encode()
     import hashlib
 
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    listing = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{**sig, "digest": digest, "size": len(data)}]}).encode()
+    index = json.loads((packed / "index.json").read_text())
+    sigs = [m for m in index["manifests"] if "artifactType" in m]
+    assert len(sigs) == 2  # model-signing and cosign-style: each served with its subject as a list
+    [entry] = [m for m in index["manifests"] if "annotations" in m]
+    served: dict[str, bytes] = {}
+    for sig in sigs:
+        sig_manifest = json.loads((packed / "blobs" / "sha256" / sig["digest"].split(":")[1]).read_bytes())
+        sig_manifest["subject"] = [sig_manifest["subject"]]
+        data = json.dumps(sig_manifest).encode()
+        served["sha256:" + hashlib.sha256(data).hexdigest()] = data
+    listing = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{**sig, "digest": d, "size": len(data)} for sig, (d, data) in zip(sigs, served.items())]}).encode()
 
     def override(req: Seen) -> Reply | None:
         if req.path.endswith("/manifests/" + entry["digest"].replace(":", "-")):
             return Reply(200, {"Content-Type": OCI_INDEX}, listing)
-        if req.path.endswith(f"/manifests/{digest}"):
-            return Reply(200, {"Content-Type": OCI_MANIFEST}, data)
+        for digest, data in served.items():
+            if req.path.endswith(f"/manifests/{digest}"):
+                return Reply(200, {"Content-Type": OCI_MANIFEST}, data)
         return None
 
     with hostile(_bundle_route(packed, override)) as reg:
