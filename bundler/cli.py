@@ -235,7 +235,8 @@ def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: b
         sys.exit(report.error.exit_code)
     if not as_json:
         who = f"signed by {report.signer}" if report.signer else "UNSIGNED (integrity only)"
-        click.echo(f"verified {report.ref} {report.digest} {who}")
+        kinds = report.as_json()["signature_kinds"]
+        click.echo(f"verified {report.ref} {report.digest} {who}" + (f" (signatures: {', '.join(kinds)})" if kinds else ""))
 
 
 @main.command()
@@ -659,6 +660,7 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
     for tick in _progress():
         result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
+    who += f" (signatures: {', '.join(result.signature_kinds)})" if result.signature_kinds else ""
     records = f"; {len(result.records)} run record(s) (check them with `bundle attestations`)" if result.records else ""
     click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}{records}")
     click.echo(result.digest)

@@ -98,6 +98,7 @@ class PullResult:
     signer: str | None
     signatures: list[str] = field(default_factory=list)
     records: list[str] = field(default_factory=list)  # run record manifest digests carried (verified by `bundle attestations`)
+    signature_kinds: list[str] = field(default_factory=list)  # the kinds that verified: model-signing, cosign
 
 
 # transport ---------------------------------------------------------------------------------------
@@ -848,4 +849,4 @@ def pull(
     finally:
         shutil.rmtree(tmp.root, ignore_errors=True)
     return PullResult(str(ref), digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signer, [d.digest for d, _ in sig_manifests],
-                      [d.digest for d, _, _ in records])
+                      [d.digest for d, _, _ in records], sorted({s["kind"] for s in report.signatures if s["verified"]}))

@@ -267,7 +267,9 @@ def _candidate_checks(mk: ModelKit, files: Mapping[str, int], payload: bytes, tr
 
 
 def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted: Mapping[str, Any], now: dt.datetime) -> tuple[signature.SignedClaims, bytes]:
-    """The first attached signature that passes every per-signature check; the others go to skipped_signatures.
+    """The first attached signature that passes every per-signature check: a model-signing one, else a
+    cosign-style one where no model-signing signature names a trusted key. Model-signing candidates that
+    fail go to skipped_signatures; every candidate, of each kind, is listed in report.signatures.
 
     A bundle verifies when ANY trusted signature holds (a renewal, a second signer), so a foreign, broken or
     expired signature attached beside a good one cannot make it fail. When none holds, the failure of the
@@ -305,7 +307,8 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         if kind == cosign.KIND:
             continue
         claims, checks, err = _candidate_checks(mk, report.files, payload, trusted, now)
-        report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": claims.key_id if claims else None, "verified": err is None})
+        report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": claims.key_id if claims else None, "verified": err is None}
+                                 | ({"error": {"code": err.code, "message": err.message}} if err else {}))
         if err is None and claims is not None:
             report.checks.extend(checks)
             report.signature_digest = desc.digest
@@ -315,7 +318,8 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         rank = _STAGES.index(checks[-1].name) * 2 + (err.code != "signature-invalid")
         if best is None or rank > best[0]:
             best = (rank, checks, err)
-    names_trusted = any(kind != cosign.KIND and signature.named_key(payload) in _trusted_ids(trusted) for _, payload, kind in candidates)
+    trusted_ids = _trusted_ids(trusted)
+    names_trusted = any(kind != cosign.KIND and signature.named_key(payload) in trusted_ids for _, payload, kind in candidates)
     if by_cosign is not None and not names_trusted:
         desc, payload, held = by_cosign
         report.signature_digest = desc.digest

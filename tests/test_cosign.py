@@ -14,7 +14,7 @@ import requests
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from conftest import run_bundle
+from conftest import assert_matches_schema, run_bundle
 from registry_server import Registry, registry  # noqa: F401  (fixture)
 
 from bundler import cosign, keys
@@ -99,6 +99,7 @@ def test_verify_reports_both_kinds_of_signature(tree: Path, store_dir: Path, key
     assert sorted((s["kind"], s["verified"]) for s in report["signatures"]) == [("cosign", True), ("model-signing", True)]
     assert {s["digest"] for s in report["signatures"]} == {m["digest"] for m in Store(store_dir).index()["manifests"] if m.get("artifactType") == SIG_TYPE}
     assert report["digest"] == digest and report["skipped_signatures"] == []
+    assert_matches_schema(report, "verify-report")
 
 
 def test_verify_accepts_a_bundle_whose_only_signature_is_cosign_style(tree: Path, store_dir: Path, keypair, tmp_path: Path) -> None:
@@ -235,6 +236,7 @@ def test_a_failing_model_signing_signature_by_the_trusted_key_is_not_rescued_by_
     result, report = _verify(store_dir, keypair[1])
     assert result.code == 3 and report["error"]["code"] == "signature-invalid"
     assert [(x["kind"], x["verified"]) for x in report["signatures"]] == [("cosign", True), ("model-signing", False)]
+    assert_matches_schema(report, "verify-report")
 
 
 def test_cosign_legacy_flag_pushes_the_sig_tag_cosign_and_policy_controller_read(registry: Registry, tree: Path, tmp_path: Path, keypair) -> None:  # noqa: F811
