@@ -132,6 +132,8 @@ def _signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]
             if layer.media_type != signature.SIGSTORE_BUNDLE_MEDIA_TYPE:
                 continue
             data, _ = store.read_json_blob(layer)
+            # Its config too (the empty JSON object): verify and push walk this artifact, so every blob of it is checked.
+            store.read_json_blob(parse_descriptor(manifest.get("config"), f"signature {desc.digest} config"))
         except BundleError:
             continue
         yield desc, subject["digest"], data

@@ -204,6 +204,7 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
 
     from bundler.layerread import TOKENIZER_FILES
     from bundler.tarlayer import iter_layer
+    from bundler.metadatacheck import check_tree
     from runner.tokenizer_gate import check_tokenizers  # torch-free
 
     with tempfile.TemporaryDirectory(prefix="specbundle-tok-") as tmp:
@@ -219,6 +220,7 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
                     rel = posixpath.relpath(member.name, spec.path)
                     if member.kind == "file" and content is not None and "/" not in rel and rel in TOKENIZER_FILES:
                         (out / rel).write_bytes(content.read())
+        check_tree(Path(tmp))  # read before the signature is checked: bounded first
         check_tokenizers(dirs)
 
 
