@@ -139,6 +139,22 @@ def _signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]
         yield desc, subject["digest"], data
 
 
+def damaged_signatures(store: Store, subject_digest: str) -> list[str]:
+    """Digests of signature artifacts whose manifest names `subject_digest` but which `find_signatures` leaves
+    out: one of their blobs is missing or does not match its digest and size (or the artifact is malformed)."""
+    usable = {desc.digest for desc, _ in find_signatures(store, subject_digest)}
+    out = []
+    for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
+        try:
+            _, manifest = store.read_json_blob(desc)
+        except BundleError:
+            continue  # its subject cannot be told
+        subject = manifest.get("subject") if isinstance(manifest, dict) else None
+        if isinstance(subject, dict) and subject.get("digest") == subject_digest and desc.digest not in usable:
+            out.append(desc.digest)
+    return out
+
+
 def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:
     """Signature artifacts in the store whose subject is `subject_digest`, with their Sigstore bundle bytes."""
     return [(desc, data) for desc, subject, data in _signature_artifacts(store) if subject == subject_digest]

@@ -21,7 +21,7 @@ from bundler.kitfile import MODEL_ROLES, pickle_files
 from bundler.layerread import LayerScan, scan_layer
 from bundler.modelkit import ModelKit, load_modelkit
 from bundler.refs import Ref
-from bundler.sign import find_signatures
+from bundler.sign import damaged_signatures, find_signatures
 from bundler.store import Store
 
 ROLLBACK_STATE = "versions"
@@ -265,7 +265,10 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
     """
     found = find_signatures(store, mk.digest)
     if not found:
-        err = BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
+        damaged = damaged_signatures(store, mk.digest)
+        why = (f"has no usable signature: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does not match "
+               "its digest); pull or sign it again" if damaged else "has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
+        err = BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) {why}")
         report.checks.append(Check("signature", False, err.message))
         report.error = err
         raise _Failed from err

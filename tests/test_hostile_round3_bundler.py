@@ -455,6 +455,7 @@ def test_a_damaged_signature_config_blob_fails_verify_and_is_never_pushed(regist
     edit.overwrite(config["digest"], b"[]")  # same size, other bytes
     result = run_bundle("verify", ref, "--key", str(keypair[1]), "--store", str(store))
     assert result.code == 3 and result.err.startswith("error: [signature-missing] "), result.err
+    assert f"signature artifact {sig['digest'][:19]}… is damaged" in result.err
     run_bundle("push", ref, "--plain-http", "--store", str(store), env=env)
     pulled = run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--store", str(tmp_path / "other"), env=env)
     assert pulled.code == 3, pulled.err  # the damaged signature never reached the registry
