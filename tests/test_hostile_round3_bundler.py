@@ -438,6 +438,19 @@ def test_a_damaged_upload_session_file_starts_the_upload_afresh(registry, tmp_pa
     assert pushed.code == 0, pushed.err
 
 
+@pytest.mark.parametrize("content", [b"[1]", b'{"auths": [1]}', b'{"credHelpers": "x"}', b"[" * 100_000, b" " * (5 << 20)])
+def test_a_hostile_docker_config_is_a_registry_auth_error(tmp_path: Path, content: bytes) -> None:
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    (docker / "config.json").write_bytes(content)
+    store = tmp_path / "store"
+    run_bundle("pack", str(make_tree(tmp_path / "ctx")), "-t", "127.0.0.1:9/x/tiny-spec:1.0.0", "--store", str(store), check=True)
+    result = run_bundle("push", "127.0.0.1:9/x/tiny-spec:1.0.0", "--plain-http", "--store", str(store),
+                        env={"DOCKER_CONFIG": str(docker), "BUNDLE_REGISTRY_USER": "", "BUNDLE_REGISTRY_PASSWORD": ""})
+    assert result.code == 5 and result.err.startswith("error: [registry-auth] "), result.err
+    assert len(result.err.strip().splitlines()) == 1
+
+
 # ---------------------------------------------------------------- 9. every blob verify walks is checked
 
 
