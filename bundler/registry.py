@@ -512,8 +512,8 @@ def remote_records(client: Client, subject: str) -> list[tuple[Descriptor, bytes
             continue  # larger than any record pull keeps: not even read
         data, digest, _ = _get_manifest(client, ref_desc.digest, what, expect=ref_desc.digest)
         try:
-            body = json.loads(data)
-        except ValueError:
+            body = boundedjson.loads(data, what)
+        except BundleError:  # not JSON, or a nesting bomb: not a record
             continue
         if not isinstance(body, dict) or not isinstance(body.get("subject"), dict) or body["subject"].get("digest") != subject:
             continue

@@ -281,6 +281,46 @@ def test_push_passes_on_only_what_pull_would_keep(registry, tmp_path: Path, keyp
     assert len(records) == MAX_RECORDS and big not in records
 
 
+def test_a_record_manifest_that_is_a_nesting_bomb_is_skipped_by_pull(tmp_path: Path, keypair) -> None:
+    import hashlib
+
+    from hostile_registry import Reply, hostile
+
+    oci_manifest, oci_index = "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"
+    store = tmp_path / "store"
+    digest = run_bundle("pack", str(make_tree(tmp_path / "ctx")), "-t", "tiny-spec:1.0.0", "--key", str(keypair[0]),
+                        "--store", str(store), check=True).out.split()[-1]
+    index = json.loads((store / "index.json").read_text())
+    [bundle] = [m for m in index["manifests"] if "annotations" in m]
+    [sig] = [m for m in index["manifests"] if m.get("artifactType") == "application/vnd.dev.sigstore.bundle.v0.3+json"]
+    bomb = b"[" * 30_000 + b"]" * 30_000  # under the size a record may have, far over any nesting
+    bomb_digest = "sha256:" + hashlib.sha256(bomb).hexdigest()
+    listing = json.dumps({"schemaVersion": 2, "mediaType": oci_index, "manifests": [
+        sig, {"mediaType": oci_manifest, "digest": bomb_digest, "size": len(bomb), "artifactType": "application/vnd.in-toto+json"}]}).encode()
+
+    def blob(d: str) -> bytes:
+        return (store / "blobs" / "sha256" / d.split(":")[1]).read_bytes()
+
+    def route(req, body: bytes) -> Reply:
+        if req.path.endswith("/manifests/1.0.0"):
+            return Reply(200, {"Content-Type": oci_manifest}, blob(bundle["digest"]))
+        if req.path.endswith("/manifests/" + digest.replace(":", "-")):
+            return Reply(200, {"Content-Type": oci_index}, listing)
+        if req.path.endswith(f"/manifests/{sig['digest']}"):
+            return Reply(200, {"Content-Type": oci_manifest}, blob(sig["digest"]))
+        if req.path.endswith(f"/manifests/{bomb_digest}"):
+            return Reply(200, {"Content-Type": oci_manifest}, bomb)
+        if "/blobs/sha256:" in req.path:
+            return Reply(200, {}, blob(req.path.rsplit("/", 1)[1]))
+        return Reply(404)
+
+    with hostile(route) as reg:
+        result = run_bundle("pull", f"{reg.host}/org/tiny-spec:1.0.0", "--plain-http", "--key", str(keypair[1]),
+                            "--store", str(tmp_path / "pulled"), env=_no_creds(tmp_path))
+    assert result.code == 0, result.err
+    assert _record_digests(tmp_path / "pulled") == set()
+
+
 def requests_index(host: str, repository: str, digest: str) -> list[dict]:
     import requests
 
