@@ -116,7 +116,7 @@ def _reason(exc: BaseException) -> str:
 
 def _registry_message(resp: requests.Response) -> str:
     """The first message of an OCI error body, if the registry sent one."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError, IndexError):
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError, IndexError, RecursionError):
         err = resp.json()["errors"][0]
         return f": {err.get('code', '')} {err.get('message', '')}".rstrip()
     return ""
@@ -427,7 +427,7 @@ def _update_fallback_index(client: Client, subject: str, entries: list[dict[str,
     resp = client.request("GET", f"/manifests/{tag}", "read of the referrers index", headers={"Accept": OCI_INDEX}, not_found_ok=True)
     index: dict[str, Any] = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
     if resp.status_code == 200:
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):  # a nesting bomb is no index: start a new one
             found = resp.json()
             if isinstance(found, dict) and isinstance(found.get("manifests"), list):
                 index = found
