@@ -248,18 +248,10 @@ def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int,
     from bundler.inspect import inspect_bundle
 
     info = inspect_bundle(store, parse_ref(ref), _trusted(key_paths), max_tokens)
-    refused = BundleError(info["error"]["code"], info["error"]["message"]) if info.get("error") else None
     if as_json:
         _emit(info)
-    else:
-        _show_inspect(info)
-    if refused is not None:  # metadata bundler.metadatacheck refused: shown above as far as it was read
-        click.echo(refused.line(), err=True)
-        sys.exit(refused.exit_code)
-
-
-def _show_inspect(info: dict[str, Any]) -> None:
-    """inspect_bundle's answer as plain lines."""
+        _exit_if_refused(info)
+        return
     # Plain lines, never wrapped or coloured: refs and digests stay whole for copying and for pipes.
     # Every value from the bundle is shown escaped (bundler.display): none may draw a line of its own.
     click.echo(f"{shown(info['ref'])}  {info['digest']}")
@@ -285,6 +277,15 @@ def _show_inspect(info: dict[str, Any]) -> None:
     if "memory" in info:
         mem = info["memory"]
         click.echo(f"memory to run ({shown(mem['dtype'])}, {mem['max_tokens']} tokens): {mem['total_bytes'] / 2**20:,.0f} MiB")
+    _exit_if_refused(info)
+
+
+def _exit_if_refused(info: dict[str, Any]) -> None:
+    """Metadata bundler.metadatacheck refused (shown above as far as it was read): its error line and exit code."""
+    if info.get("error"):
+        refused = BundleError(info["error"]["code"], info["error"]["message"])
+        click.echo(refused.line(), err=True)
+        sys.exit(refused.exit_code)
 
 
 def _size(n: int) -> str:
