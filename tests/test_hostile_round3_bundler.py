@@ -611,3 +611,67 @@ def test_verify_bounds_a_hostile_tokenizer_copy_before_the_signature(tmp_path: P
     pack_unchecked(tree, "tiny-spec:1.0.0", store)
     result = run_bundle("verify", "tiny-spec:1.0.0", "--allow-unsigned", "--store", str(store))
     assert result.code == 6 and "[invalid-bundle]" in result.err and "tokenizer.json" in result.err, result.err
+
+
+# A value of another JSON type put anywhere in a real file: what metadatacheck lets through, the runner's
+# readers must take without an exception other than BundleError.
+REPLACEMENTS = ([], {}, "7", 2 ** 40, -1, None, True, 1.5, [[["x"]]], {"content": 3}, ["a", "b"], [0, 0])
+
+
+def _mutate(value, rng, depth: int = 0):
+    """`value` with one node, chosen at random along a random path, replaced by a value of another type."""
+    import copy
+
+    value = copy.deepcopy(value)
+    if not isinstance(value, (dict, list)) or not value or rng.random() < 0.15 * depth:
+        return rng.choice(REPLACEMENTS)
+    keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+    key = rng.choice(keys[:50])
+    value[key] = _mutate(value[key], rng, depth + 1)
+    return value
+
+
+def test_mutated_metadata_is_refused_or_read_cleanly(tmp_path: Path) -> None:
+    import random
+    import struct
+
+    from bundler.errors import BundleError
+    from bundler.metadatacheck import check_roles
+    from runner import modelinfo, tokenizer_gate
+
+    tree = make_tree(tmp_path / "ctx")
+    originals = {
+        ("tokenizer", "tokenizer.json"): json.loads((tree / "tokenizer" / "tokenizer.json").read_text()),
+        ("tokenizer", "tokenizer_config.json"): json.loads((tree / "tokenizer" / "tokenizer_config.json").read_text()),
+        ("target", "config.json"): json.loads((tree / "target" / "config.json").read_text()),
+    }
+    weights = (tree / "draft" / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", weights[:8])
+    header = json.loads(weights[8:8 + n])
+    rng = random.Random(24)
+    outcomes = {"refused": 0, "read": 0}
+    for case in range(300):
+        work = tmp_path / f"case{case}"
+        shutil.copytree(tree, work)
+        which = rng.randrange(len(originals) + 1)
+        if which == len(originals):
+            body = json.dumps(_mutate(header, rng)).encode()
+            (work / "draft" / "model.safetensors").write_bytes(struct.pack("<Q", len(body)) + body + weights[8 + n:])
+        else:
+            (role, name), original = list(originals.items())[which]
+            (work / role / name).write_text(json.dumps(_mutate(original, rng)))
+        try:
+            check_roles(work, {"target": "target", "draft": "draft", "tokenizer": "tokenizer"})
+        except BundleError:
+            outcomes["refused"] += 1
+            shutil.rmtree(work)
+            continue
+        try:
+            tokenizer_gate.fingerprint(work / "tokenizer")
+            modelinfo.count_parameters(work / "draft")
+            modelinfo.estimate_memory(work / "target", work / "draft", "float32", 64)
+            outcomes["read"] += 1
+        except BundleError:
+            outcomes["read"] += 1  # a clean refusal of the runner's own
+        shutil.rmtree(work)
+    assert outcomes["refused"] > 50 and outcomes["read"] > 50, outcomes
