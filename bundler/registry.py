@@ -38,7 +38,7 @@ from bundler.errors import BundleError
 from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
 from bundler.modelkit import load_modelkit
 from bundler.refs import Ref
-from bundler.sign import find_signatures
+from bundler.sign import damaged_signatures, find_signatures
 from bundler.store import MAX_JSON_BLOB, Store
 from bundler.verify import MAX_SIGNATURES, ROLLBACK_STATE, signed_before_download, verify_bundle, version_key
 
@@ -457,6 +457,10 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
         sigs.append((sig_desc, data, sig_manifest))
         for item in [sig_manifest["config"], *sig_manifest["layers"]]:
             blobs.append((Descriptor(item["mediaType"], item["digest"], item["size"]), f"signature {item['digest'][7:19]}"))
+    damaged = damaged_signatures(store, mk.digest)
+    if damaged:  # pushing the bundle without it would publish it unsigned, or with a blob the registry refuses
+        raise BundleError("digest-mismatch", f"{ref}: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does "
+                          "not match its digest): nothing pushed; pull or sign the bundle again")
     records = local_records(store, mk.digest, trusted or {})
     blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
     unique = list({d.digest: (d, label) for d, label in blobs}.values())

@@ -509,9 +509,10 @@ def test_a_damaged_signature_config_blob_fails_verify_and_is_never_pushed(regist
     result = run_bundle("verify", ref, "--key", str(keypair[1]), "--store", str(store))
     assert result.code == 3 and result.err.startswith("error: [signature-missing] "), result.err
     assert f"signature artifact {sig['digest'][:19]}… is damaged" in result.err
-    run_bundle("push", ref, "--plain-http", "--store", str(store), env=env)
+    pushed = run_bundle("push", ref, "--plain-http", "--store", str(store), env=env)
+    assert pushed.code == 3 and pushed.err.startswith("error: [digest-mismatch] ") and "nothing pushed" in pushed.err, pushed.err
     pulled = run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--store", str(tmp_path / "other"), env=env)
-    assert pulled.code == 3, pulled.err  # the damaged signature never reached the registry
+    assert pulled.code == 5 and "[registry-not-found]" in pulled.err, pulled.err  # not even the bundle reached the registry
 
 
 def test_a_damaged_run_record_blob_is_not_pushed(registry, tmp_path: Path, keypair, other_keypair) -> None:
