@@ -96,6 +96,12 @@ def _cache_blobs(root: Path) -> Path | None:
     return None
 
 
+def _model_dir_name(directory: Path) -> str:
+    """A model directory's name: for a cache snapshot its repository's (`models--Org--Name` -> `Name`), not the revision."""
+    root = Path(os.path.realpath(directory))
+    return root.parent.parent.name.split("--")[-1] if _cache_blobs(root) is not None else root.name
+
+
 def _inside(path: Path, areas: tuple[Path, ...]) -> bool:
     return any(path == area or path.is_relative_to(area) for area in areas)
 
@@ -234,10 +240,10 @@ def init_context(
     version = version or DEFAULT_VERSION
     if not VERSION_PATTERN.match(version):
         raise BundleError("usage", f"--version {version!r} must be a version like 1.0.0")
-    model_name = sanitise_name(target.resolve().name)
+    model_name = sanitise_name(_model_dir_name(target))
     name = name if name is not None else model_name
     if not NAME_PATTERN.match(name) or len(name) > MAX_NAME:
-        hint = "" if name else f" (none could be made from the directory name {target.resolve().name!r})"
+        hint = "" if name else f" (none could be made from the directory name {_model_dir_name(target)!r})"
         raise BundleError("usage", f"--name {name!r}: a package name is lower-case letters and digits, "
                           f"separated by single '.', '_' or '-'{hint}")
 
@@ -257,7 +263,7 @@ def init_context(
     speculative = dict(DEFAULT_SPECULATIVE)
     if (draft / DRAFT_VOCAB_FILE).is_file():  # the draft scores only these ids (runner/draft_vocab.py)
         speculative["draft_vocab"] = DRAFT_VOCAB_FILE
-    description = f"{target.resolve().name} (target) with {draft.resolve().name} (draft)"
+    description = f"{_model_dir_name(target)} (target) with {_model_dir_name(draft)} (draft)"
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.init-", dir=out.parent))

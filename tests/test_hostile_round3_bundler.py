@@ -141,6 +141,18 @@ def test_init_reads_real_hugging_face_cache_snapshots(models: dict[str, Path], t
     assert not any(p.is_symlink() for p in out.rglob("*"))
 
 
+def test_init_names_a_cache_snapshot_after_its_repository(models: dict[str, Path], tmp_path: Path) -> None:
+    import yaml
+
+    target = _cache_repo(tmp_path / "hub", "Tiny-Target", models["target"])
+    out = tmp_path / "ctx"
+    result = run_bundle("init", "--target", str(target), "--draft", str(models["draft"]), "--tokenizer", str(models["tokenizer"]),
+                        "-o", str(out), env={"BUNDLE_HOME": str(tmp_path / "store")})
+    assert result.code == 0, result.err
+    kitfile = yaml.safe_load((out / "Kitfile").read_text())
+    assert kitfile["package"]["name"] == "tiny-target" and kitfile["model"]["name"] == "tiny-target"  # not the revision hash
+
+
 def test_init_refuses_a_cache_link_into_another_cached_repository(models: dict[str, Path], tmp_path: Path) -> None:
     hub = tmp_path / "hub"
     target = _cache_repo(hub, "tiny-target", models["target"])
