@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from bundler import keys
+from bundler.display import shown
 from bundler.errors import BundleError
 from bundler.refs import parse_ref
 from bundler.store import Store, default_root
@@ -92,7 +93,7 @@ class _Group(click.Group):
         except BaseException as exc:  # a bug: one line unless --debug
             if _DEBUG or "--debug" in sys.argv:
                 traceback.print_exc()
-            click.echo(f"error: [internal] {type(exc).__name__}: {exc} (a bug; rerun with --debug for the traceback)", err=True)
+            click.echo(f"error: [internal] {type(exc).__name__}: {shown(exc, 1000)} (a bug; rerun with --debug for the traceback)", err=True)
             sys.exit(1)
 
 
@@ -229,7 +230,7 @@ def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: b
         _emit(report.as_json())
     else:
         for c in report.checks:
-            click.echo(f"{'ok  ' if c.ok else 'FAIL'} {c.name:<16} {c.detail}")
+            click.echo(f"{'ok  ' if c.ok else 'FAIL'} {c.name:<16} {shown(c.detail, 1000)}")
     if report.error:
         click.echo(report.error.line(), err=True)
         sys.exit(report.error.exit_code)
@@ -252,31 +253,42 @@ def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int,
     info = inspect_bundle(store, parse_ref(ref), _trusted(key_paths), max_tokens)
     if as_json:
         _emit(info)
+        _exit_if_refused(info)
         return
     # Plain lines, never wrapped or coloured: refs and digests stay whole for copying and for pipes.
-    click.echo(f"{info['ref']}  {info['digest']}")
-    rows = [("ROLE", "PATH", "SIZE", "DIGEST")] + [(layer["role"], layer["path"], f"{layer['size']:,}", layer["digest"]) for layer in info["layers"]]
+    # Every value from the bundle is shown escaped (bundler.display): none may draw a line of its own.
+    click.echo(f"{shown(info['ref'])}  {info['digest']}")
+    rows = [("ROLE", "PATH", "SIZE", "DIGEST")] + [(shown(layer["role"]), shown(layer["path"]), f"{layer['size']:,}", shown(layer["digest"])) for layer in info["layers"]]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     ver = info["verification"]
     if ver["ok"]:
-        click.echo(f"verified: yes, signed by {ver['signer'] or 'nobody (integrity only)'}")
+        click.echo(f"verified: yes, signed by {shown(ver['signer'] or 'nobody (integrity only)')}")
     else:
         reason = str(ver["error"] or "").removeprefix("error: ")
-        click.echo(f"verified: no ({reason})")
-        click.echo(f"signer (claimed, not checked): {ver['signer'] or '-'}" if ver.get("signer") else "signer: -")
+        click.echo(f"verified: no ({shown(reason, 1000)})")
+        click.echo(f"signer (claimed, not checked): {shown(ver['signer'])}" if ver.get("signer") else "signer: -")
     tok = info.get("tokenizer") or {}
     if tok.get("fingerprint"):
-        click.echo(f"tokenizer: {tok['fingerprint']}")
+        click.echo(f"tokenizer: {shown(tok['fingerprint'])}")
     else:
-        click.echo(f"tokenizer: unknown ({str(tok.get('error') or 'no tokenizer fingerprint').removeprefix('error: ')})")
+        click.echo(f"tokenizer: unknown ({shown(str(tok.get('error') or 'no tokenizer fingerprint').removeprefix('error: '), 1000)})")
     for role, m in info.get("models", {}).items():
         if isinstance(m, dict):
-            click.echo(f"{role}: {m['parameters']:,} parameters")
+            click.echo(f"{shown(role)}: {m['parameters']:,} parameters")
     if "memory" in info:
         mem = info["memory"]
-        click.echo(f"memory to run ({mem['dtype']}, {mem['max_tokens']} tokens): {mem['total_bytes'] / 2**20:,.0f} MiB")
+        click.echo(f"memory to run ({shown(mem['dtype'])}, {mem['max_tokens']} tokens): {mem['total_bytes'] / 2**20:,.0f} MiB")
+    _exit_if_refused(info)
+
+
+def _exit_if_refused(info: dict[str, Any]) -> None:
+    """Metadata bundler.metadatacheck refused (shown above as far as it was read): its error line and exit code."""
+    if info.get("error"):
+        refused = BundleError(info["error"]["code"], info["error"]["message"])
+        click.echo(refused.line(), err=True)
+        sys.exit(refused.exit_code)
 
 
 def _size(n: int) -> str:
@@ -302,7 +314,9 @@ def list_(store: Store, as_json: bool) -> None:
         click.echo(f"no bundles in the store {store.root} (add one with `bundle pack` or `bundle pull`)")
         return
     table = [("REF", "DIGEST", "NAME", "VERSION", "SIZE", "CREATED", "SIGNERS")]
-    table += [(r.ref, r.digest[:19], r.name, r.version, _size(r.size), r.created, ",".join(k[:16] for k in r.signers) or "unsigned") for r in found]
+    # Names, versions, times and key ids come from unverified configs and signatures: shown escaped.
+    table += [(shown(r.ref), shown(r.digest[:19]), shown(r.name), shown(r.version), _size(r.size), shown(r.created),
+               ",".join(shown(k[:16]) for k in r.signers) or "unsigned") for r in found]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -334,13 +348,14 @@ def rm(store: Store, refs: tuple[str, ...]) -> None:
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--drop-records", is_flag=True, help="Delete every run record too (`bundle attestations`), also those of bundles still tagged.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @command
-def gc(store: Store, dry_run: bool, as_json: bool) -> None:
+def gc(store: Store, dry_run: bool, drop_records: bool, as_json: bool) -> None:
     """Delete the blobs no tag reaches (signatures and attestations of removed bundles included)."""
     from bundler.gc import collect
 
-    result = collect(store, dry_run)
+    result = collect(store, dry_run, drop_records)
     if as_json:
         _emit(result.as_json())
         return
@@ -640,7 +655,8 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
     from bundler.registry import push as do_push
 
     for tick in _progress():
-        result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick, dest=parse_ref(dst) if dst else None)
+        result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick, dest=parse_ref(dst) if dst else None,
+                         trusted=_trusted(()))  # run records: those $BUNDLE_TRUSTED_KEYS verify go first
     sigs = f"{len(result.signatures)} signature(s) ({'referrers API' if result.referrers == 'api' else 'referrers tag ' + result.digest.replace(':', '-', 1)[:19] + '…'})" if result.signatures else "unsigned"
     records = f", {len(result.records)} run record(s)" if result.records else ""
     click.echo(f"pushed {result.ref}: {result.blobs_uploaded} blobs uploaded ({result.bytes_uploaded:,} bytes), {result.blobs_skipped} already there; {sigs}{records}")
@@ -654,6 +670,7 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @command
 def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
+    from bundler.recordlimits import MAX_RECORDS
     from bundler.registry import pull as do_pull
 
     trusted = _trusted(key_paths)
@@ -662,6 +679,8 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
     who += f" (signatures: {', '.join(result.signature_kinds)})" if result.signature_kinds else ""
     records = f"; {len(result.records)} run record(s) (check them with `bundle attestations`)" if result.records else ""
+    if result.records_dropped:
+        records += f"; {result.records_dropped} more run record(s) not kept (at most {MAX_RECORDS} per bundle, trusted first: docs/security.md)"
     click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}{records}")
     click.echo(result.digest)
 
@@ -691,18 +710,22 @@ def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bo
 
 
 def _format_record(record: Any) -> str:
-    """One record as a line: verdict, signer, time range, engine, totals."""
+    """One record: a verified one as one row (verdict, signer, time range, engine, totals); one that did not verify
+    as FAIL with its reason, its claims on an indented line marked as not checked. Every field is escaped
+    (bundler.display), so no statement can draw a row of its own."""
     predicate = (record.statement or {}).get("predicate") if isinstance(record.statement, dict) else None
     p = predicate if isinstance(predicate, dict) else {}
     totals = p.get("totals") if isinstance(p.get("totals"), dict) else {}
     rate = totals.get("acceptance_rate")
-    who = record.signer[:16] if record.signer else (f"{record.claimed_signer[:16]} (unverified)" if record.claimed_signer else "-")
-    line = (
-        f"{'ok  ' if record.verified else 'FAIL'} {record.digest[:19]}…  signer {who}  {p.get('started', '?')} .. {p.get('finished', '?')}  "
-        f"{p.get('kind', '?')} {p.get('engine', '?')}/{p.get('device', '?')}/{p.get('dtype', '?')}  "
-        f"requests {totals.get('requests', '?')} tokens {totals.get('tokens', '?')} accepted {totals.get('accepted', '?')}/{totals.get('drafted', '?')}"
-        f" ({f'{rate:.2f}' if isinstance(rate, (int, float)) else '-'}) fallbacks {totals.get('fallbacks', '?')}"
+    fields = (
+        f"{shown(p.get('started', '?'))} .. {shown(p.get('finished', '?'))}  "
+        f"{shown(p.get('kind', '?'))} {shown(p.get('engine', '?'))}/{shown(p.get('device', '?'))}/{shown(p.get('dtype', '?'))}  "
+        f"requests {shown(totals.get('requests', '?'))} tokens {shown(totals.get('tokens', '?'))} "
+        f"accepted {shown(totals.get('accepted', '?'))}/{shown(totals.get('drafted', '?'))}"
+        f" ({f'{rate:.2f}' if isinstance(rate, float) else '-'}) fallbacks {shown(totals.get('fallbacks', '?'))}"
     )
-    if record.error is not None:
-        line += f"\n     {record.error.line()}"
-    return line
+    if record.verified:
+        return f"ok   {record.digest[:19]}…  signer {shown(record.signer[:16])}  {fields}"
+    reason = record.error.line() if record.error is not None else "error: [integrity] not verified"
+    claimed = shown(record.claimed_signer[:16]) if record.claimed_signer else "-"
+    return f"FAIL {record.digest[:19]}…  NOT VERIFIED: {shown(reason, 1000)}\n     claimed, not checked: key {claimed}  {fields}"

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bundler.kitfile import Kitfile, LayerSpec
+from bundler.metadatacheck import check_roles
 from bundler.layerread import LayerScan
 from bundler.store import Store
 
@@ -55,6 +56,7 @@ def check_content(root: Path, kitfile: Kitfile) -> ContentReport:
     from runner.gguf_model import bundle_format
 
     _roles(SimpleNamespace(layers=[(spec, None) for spec in kitfile.layers]), _scans(root, kitfile))  # type: ignore[arg-type]
+    check_roles(Path(root), kitfile.role_paths())  # a downloaded model directory is untrusted: bounded before it is read
     roles = kitfile.role_paths()
     params = runner_params(kitfile.parameters)
     models = {role: Path(root) / roles[role] for role in ("target", "draft")}

@@ -15,10 +15,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bundler import boundedjson
 from bundler.errors import BundleError
 
 USER_ENV = "BUNDLE_REGISTRY_USER"
 PASSWORD_ENV = "BUNDLE_REGISTRY_PASSWORD"
+MAX_CONFIG_BYTES = 4 << 20  # a docker config.json is a few kB; read whole and parsed, so bounded
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,8 @@ def lookup(registry: str) -> Credentials | None:
     path = docker_config_path()
     if not path.is_file():
         return None
-    try:
-        # Read directly: oras's load_configs ignores $DOCKER_CONFIG and merges ~/.docker/config.json in.
-        config = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise BundleError("registry-auth", f"cannot read {path}: {exc}") from None
+    # Read directly: oras's load_configs ignores $DOCKER_CONFIG and merges ~/.docker/config.json in.
+    config = _read_config(path)
     auths = config.get("auths") or {}
     for key in _host_keys(registry):
         if key in auths:
@@ -111,11 +110,11 @@ def _read_config(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        config = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise BundleError("registry-auth", f"cannot read {path}: {exc}; fix or move it, then log in again") from None
-    if not isinstance(config, dict) or not isinstance(config.get("auths", {}), dict):
-        raise BundleError("registry-auth", f"{path} is not a docker config.json (no 'auths' map)")
+        config = boundedjson.read_json(path, "docker config", "registry-auth", max_bytes=MAX_CONFIG_BYTES)
+    except BundleError as exc:
+        raise BundleError("registry-auth", f"cannot read {exc.message}; fix or move it, then log in again") from None
+    if not isinstance(config, dict) or not all(isinstance(config.get(k) or {}, dict) for k in ("auths", "credHelpers")):
+        raise BundleError("registry-auth", f"{path} is not a docker config.json ('auths' and 'credHelpers' must be maps)")
     return config
 
 

@@ -59,8 +59,10 @@ class BundleError(Exception):
         return CODES[self.code]
 
     def line(self) -> str:
-        """The one line shown on stderr."""
-        return f"error: [{self.code}] {self.message}"
+        """The one line shown on stderr; a message may echo bundle metadata, so its control characters are escaped."""
+        from bundler.display import line
+
+        return f"error: [{self.code}] {line(self.message)}"
 
     def as_json(self) -> dict:
         return {"code": self.code, "exit_code": self.exit_code, "message": self.message}

@@ -48,8 +48,10 @@ def _children(store: Store, digest: str, size: int) -> tuple[list[str], str | No
     return children, subject.get("digest") if isinstance(subject, dict) else None
 
 
-def collect(store: Store, dry_run: bool = False) -> GcResult:
-    """Delete what no tag reaches; index.json is rewritten first, so a crash never leaves it naming a missing blob."""
+def collect(store: Store, dry_run: bool = False, drop_records: bool = False) -> GcResult:
+    """Delete what no tag reaches; index.json is rewritten first, so a crash never leaves it naming a missing blob.
+
+    With drop_records, run records (bundler.runrecord) go too, whatever bundle they are about."""
     if not (store.root / "index.json").exists():
         return GcResult(dry_run)
     with store.lock():
@@ -74,6 +76,11 @@ def collect(store: Store, dry_run: bool = False) -> GcResult:
             if REF_NAME in entry.get("annotations", {}):
                 keep(entry)
         untagged = [e for e in entries if REF_NAME not in e.get("annotations", {})]
+        if drop_records:
+            from bundler.runrecord import ARTIFACT_TYPE as RECORD_TYPE  # imported late: jsonschema is slow to import
+
+            droppable = [e for e in untagged if e.get("artifactType") == RECORD_TYPE]
+            untagged = [e for e in untagged if e.get("artifactType") != RECORD_TYPE]
         changed = True
         while changed:  # a referrer of a referrer (an attestation of a signature) is kept too
             changed = False
@@ -88,6 +95,8 @@ def collect(store: Store, dry_run: bool = False) -> GcResult:
                     keep(entry)
                     changed = True
         dropped = [e["digest"] for e in untagged if e["digest"] not in kept]
+        if drop_records:
+            dropped += [e["digest"] for e in droppable if e["digest"] not in kept]
         blob_dir = store.root / "blobs" / "sha256"
         doomed = sorted(p for p in (blob_dir.iterdir() if blob_dir.is_dir() else []) if "sha256:" + p.name not in reachable)
         freed = sum(p.stat().st_size for p in doomed)

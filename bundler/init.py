@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bundler import boundedjson
 from bundler.contentcheck import check_content
 from bundler.errors import BundleError
 from bundler.kitfile import Kitfile, load_kitfile, pickle_files
@@ -37,6 +38,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # what the Kitfile schema's model.p
 NAME_PATTERN = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 VERSION_PATTERN = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$")
 MAX_NAME = 128
+MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few kB
 
 
 @dataclass(frozen=True)
@@ -85,39 +87,80 @@ def _source_dir(path: Path, flag: str) -> Path:
     return path
 
 
+def _cache_blobs(root: Path) -> Path | None:
+    """The `blobs/` of the Hugging Face cache repository whose snapshot `root` is (`models--*/snapshots/<rev>`)."""
+    snapshots = root.parent
+    repo = snapshots.parent
+    if snapshots.name == "snapshots" and repo.name.startswith("models--"):
+        return repo / "blobs"
+    return None
+
+
+def _model_dir_name(directory: Path) -> str:
+    """A model directory's name: for a cache snapshot its repository's (`models--Org--Name` -> `Name`), not the revision."""
+    root = Path(os.path.realpath(directory))
+    return root.parent.parent.name.split("--")[-1] if _cache_blobs(root) is not None else root.name
+
+
+def _inside(path: Path, areas: tuple[Path, ...]) -> bool:
+    return any(path == area or path.is_relative_to(area) for area in areas)
+
+
+def _refuse_link(link: Path, real: Path, root: Path, blobs: Path | None) -> None:
+    """A link whose target leaves the source directory (and its cache repository's blobs/): named, with where it leads."""
+    where = f"{root}" + (f" or {blobs}" if blobs else "")
+    raise BundleError("invalid-bundle", f"{link} is a link to {os.readlink(link)!r} ({real}), outside {where}: init "
+                      "reads only files inside the model directory; copy the file in if it belongs to the model")
+
+
 def _source_files(directory: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     """(relative name, real file) for every file under a download directory, and the hidden entries left out.
 
-    Symlinks are followed (a Hugging Face cache snapshot is links into its blobs/), since a context holds
-    regular files only; hidden entries (.git, .cache/huggingface, .gitattributes) are no part of the model.
+    A model directory is untrusted input: a link is followed only where it resolves inside the directory, or,
+    for a Hugging Face cache snapshot (`models--*/snapshots/<rev>/`, whose files are links into the repository's
+    `blobs/`), inside that repository's blobs/. Any other link (upwards, absolute, into /proc or another cache
+    repository) is refused before anything is read, and a directory link leaving the tree is never walked.
+    Hidden entries (.git, .cache/huggingface, .gitattributes) are no part of the model.
     """
+    root = Path(os.path.realpath(directory))
+    blobs = _cache_blobs(root)
+    areas = (root,) if blobs is None else (root, Path(os.path.realpath(blobs)))
     found: list[tuple[str, Path]] = []
     skipped: list[str] = []
     seen: set[str] = set()
-    for top, dirs, files in os.walk(directory, followlinks=True):
-        real = os.path.realpath(top)
-        if real in seen:  # a directory link loop
-            dirs[:] = []
+    # followlinks=False: directory links are judged below, and walked (inside the tree) only after that.
+    pending: list[tuple[Path, Path]] = [(root, Path("."))]
+    while pending:
+        top, rel_top = pending.pop(0)
+        real_top = os.path.realpath(top)
+        if real_top in seen:  # a directory link loop, or a link to a directory walked already
             continue
-        seen.add(real)
-        rel_top = Path(top).relative_to(directory)
-        for d in sorted(dirs):
-            if d.startswith("."):
-                skipped.append(str(rel_top / d))
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            rel = str(rel_top / name)
-            if name.startswith("."):
-                skipped.append(rel)
+        seen.add(real_top)
+        try:
+            entries = sorted(os.scandir(top), key=lambda e: e.name)
+        except OSError as err:
+            raise BundleError("missing-input", f"{directory / rel_top}: cannot list directory ({err.strerror})") from None
+        subdirs: list[tuple[Path, Path]] = []
+        for entry in entries:
+            rel = rel_top / entry.name
+            if entry.name.startswith("."):
+                skipped.append(str(rel))
                 continue
-            src = Path(os.path.realpath(Path(top) / name))
+            path = Path(entry.path)
+            real = Path(os.path.realpath(path))
+            if entry.is_symlink() and not _inside(real, areas):
+                _refuse_link(directory / rel, real, root, blobs)
             try:
-                mode = src.stat().st_mode
+                mode = real.stat().st_mode
             except OSError:
                 raise BundleError("missing-input", f"{directory / rel}: a link to nothing") from None
-            if not stat.S_ISREG(mode):
+            if stat.S_ISDIR(mode):
+                subdirs.append((path, rel))
+            elif stat.S_ISREG(mode):
+                found.append((str(rel), real))
+            else:
                 raise BundleError("invalid-bundle", f"{directory / rel} is not a regular file: only regular files are packed")
-            found.append((rel, src))
+        pending[0:0] = subdirs  # depth first, in name order
     return found, skipped
 
 
@@ -142,10 +185,7 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
         raise BundleError("invalid-bundle", f"{model_dir} has no config.json: is it a Hugging Face model directory?")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise BundleError("invalid-bundle", f"{path} is not JSON ({type(exc).__name__})") from None
+    data = boundedjson.read_json(path, "config.json", max_bytes=MAX_CONFIG_BYTES)  # a download is untrusted input
     if not isinstance(data, dict):
         raise BundleError("invalid-bundle", f"{path} is not a JSON object")
     return data
@@ -200,10 +240,10 @@ def init_context(
     version = version or DEFAULT_VERSION
     if not VERSION_PATTERN.match(version):
         raise BundleError("usage", f"--version {version!r} must be a version like 1.0.0")
-    model_name = sanitise_name(target.resolve().name)
+    model_name = sanitise_name(_model_dir_name(target))
     name = name if name is not None else model_name
     if not NAME_PATTERN.match(name) or len(name) > MAX_NAME:
-        hint = "" if name else f" (none could be made from the directory name {target.resolve().name!r})"
+        hint = "" if name else f" (none could be made from the directory name {_model_dir_name(target)!r})"
         raise BundleError("usage", f"--name {name!r}: a package name is lower-case letters and digits, "
                           f"separated by single '.', '_' or '-'{hint}")
 
@@ -223,7 +263,7 @@ def init_context(
     speculative = dict(DEFAULT_SPECULATIVE)
     if (draft / DRAFT_VOCAB_FILE).is_file():  # the draft scores only these ids (runner/draft_vocab.py)
         speculative["draft_vocab"] = DRAFT_VOCAB_FILE
-    description = f"{target.resolve().name} (target) with {draft.resolve().name} (draft)"
+    description = f"{_model_dir_name(target)} (target) with {_model_dir_name(draft)} (draft)"
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.init-", dir=out.parent))

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from bundler import signature
+from bundler import metadatacheck, signature
 from bundler.errors import BundleError
 from bundler.layerread import TOKENIZER_FILES
 from bundler.modelkit import ModelKit, load_modelkit
@@ -19,7 +19,7 @@ from bundler.tarlayer import iter_layer
 from bundler.verify import verify_bundle
 
 MAX_METADATA_FILE = 64 << 20
-MAX_SAFETENSORS_HEADER = 100 << 20
+MAX_SAFETENSORS_HEADER = metadatacheck.MAX_SAFETENSORS_HEADER
 METADATA_FILES = TOKENIZER_FILES | {"config.json", "generation_config.json"}
 
 
@@ -38,9 +38,10 @@ def metadata_view(store: Store, mk: ModelKit, dest: Path) -> None:
                 elif base.endswith(".safetensors") and member.size >= 8:
                     head = content.read(8)
                     (n,) = struct.unpack("<Q", head)
-                    if n <= min(MAX_SAFETENSORS_HEADER, member.size - 8):
-                        out.parent.mkdir(parents=True, exist_ok=True)
-                        out.write_bytes(head + content.read(n))
+                    # A header too large, or larger than its file, is kept without its body: metadatacheck says so.
+                    body = content.read(n) if n <= min(MAX_SAFETENSORS_HEADER, member.size - 8) else b""
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(head + body)
 
 
 def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_tokens: int = 2048) -> dict[str, Any]:
@@ -76,6 +77,13 @@ def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_token
     with tempfile.TemporaryDirectory(prefix="specbundle-inspect-") as tmp:
         view = Path(tmp)
         metadata_view(store, mk, view)
+        try:
+            metadatacheck.check_roles(view, roles)  # hostile shapes refused before the runner's readers see them
+        except BundleError as err:
+            out["tokenizer"] = {"fingerprint": None, "error": err.line()}
+            out["models"] = {"error": err.line()}
+            out["error"] = {"code": err.code, "message": err.message}
+            return out
         try:
             out["tokenizer"] = {"fingerprint": tokenizer_gate.fingerprint(view / roles["tokenizer"])}
         except BundleError as err:

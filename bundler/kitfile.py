@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from dataclasses import dataclass
 from functools import cache
@@ -192,6 +193,9 @@ def load_kitfile(context: Path, kitfile: Path | None = None) -> Kitfile:
     path = kitfile if kitfile is not None else next((context / n for n in KITFILE_NAMES if (context / n).is_file()), context / "Kitfile")
     if not path.is_file():
         raise BundleError("missing-input", f"no Kitfile at {path}")
+    if kitfile is None and path.is_symlink() and not path.resolve().is_relative_to(context.resolve()):
+        # The context is read as untrusted input: a Kitfile link leading out of it is not followed (`-f` is).
+        raise _invalid(str(path), f"a link to {os.readlink(path)!r}, outside the context; give it with -f if it is yours")
     raw = path.read_bytes()[: MAX_KITFILE_BYTES + 1]
     try:
         text = raw.decode("utf-8")

@@ -33,12 +33,12 @@ import oras.auth.utils
 import requests
 import urllib3
 
-from bundler import boundedjson, cosign, credentials, runrecord, signature
+from bundler import boundedjson, cosign, credentials, recordlimits, runrecord, signature
 from bundler.errors import BundleError
 from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
 from bundler.modelkit import load_modelkit
 from bundler.refs import Ref
-from bundler.sign import find_legacy_signatures, find_signatures
+from bundler.sign import damaged_signatures, find_legacy_signatures, find_signatures
 from bundler.store import MAX_JSON_BLOB, Store
 from bundler.verify import MAX_SIGNATURES, ROLLBACK_STATE, signed_before_download, verify_bundle, version_key
 
@@ -48,6 +48,7 @@ CHUNK = 64 << 20  # upload chunk (one PATCH): the unit an interrupted upload los
 READ = 1 << 20  # streaming read size
 WORKERS = 4  # blobs in flight at once (hashlib and socket I/O release the GIL)
 CONNECT_TIMEOUT = 10
+SESSION_MAX_BYTES = 64 << 10  # an upload session file holds one URL; a larger one is ignored
 
 
 def _env_number(name: str, default: float) -> float:
@@ -99,6 +100,7 @@ class PullResult:
     signatures: list[str] = field(default_factory=list)
     records: list[str] = field(default_factory=list)  # run record manifest digests carried (verified by `bundle attestations`)
     signature_kinds: list[str] = field(default_factory=list)  # the kinds that verified: model-signing, cosign
+    records_dropped: int = 0  # records the registry listed beyond what the store keeps (bundler.recordlimits)
 
 
 # transport ---------------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ def _reason(exc: BaseException) -> str:
 
 def _registry_message(resp: requests.Response) -> str:
     """The first message of an OCI error body, if the registry sent one."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError, IndexError):
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError, IndexError, RecursionError):
         err = resp.json()["errors"][0]
         return f": {err.get('code', '')} {err.get('message', '')}".rstrip()
     return ""
@@ -343,8 +345,11 @@ class _Uploader:
         state = self._session_file(desc.digest)
         resumed = None
         if state.exists():
-            with contextlib.suppress(ValueError, KeyError, BundleError):
-                resumed = self._offset(json.loads(state.read_text())["location"], what)
+            with contextlib.suppress(BundleError):  # a damaged, oversized or foreign session file: start afresh
+                session = boundedjson.read_json(state, "upload session", max_bytes=SESSION_MAX_BYTES)
+                location = session.get("location") if isinstance(session, dict) else None
+                if isinstance(location, str):
+                    resumed = self._offset(location, what)
         if resumed is not None and resumed[0] <= desc.size:
             try:
                 self._send(desc, label, resumed[1], resumed[0], state)
@@ -423,7 +428,7 @@ def _update_fallback_index(client: Client, subject: str, entries: list[dict[str,
     resp = client.request("GET", f"/manifests/{tag}", "read of the referrers index", headers={"Accept": OCI_INDEX}, not_found_ok=True)
     index: dict[str, Any] = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
     if resp.status_code == 200:
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):  # a nesting bomb is no index: start a new one
             found = resp.json()
             if isinstance(found, dict) and isinstance(found.get("manifests"), list):
                 index = found
@@ -435,8 +440,10 @@ def _update_fallback_index(client: Client, subject: str, entries: list[dict[str,
     _put_manifest(client, tag, go_json(index), OCI_INDEX, "write of the referrers index")
 
 
-def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress | None = None, dest: Ref | None = None) -> PushResult:
-    """Push the bundle the store tags `ref` with its blobs and signature artifacts, to `dest` (HOST/NAME:TAG) or `ref`."""
+def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress | None = None, dest: Ref | None = None,
+         trusted: Mapping[str, Any] | None = None) -> PushResult:
+    """Push the bundle the store tags `ref` with its blobs and signature artifacts, to `dest` (HOST/NAME:TAG) or `ref`;
+    its run records only as far as a pull would keep them (bundler.recordlimits, `trusted` verifying them)."""
     mk = load_modelkit(store, ref)
     ref = dest or ref
     if not ref.registry:
@@ -451,9 +458,13 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
         sigs.append((sig_desc, data, sig_manifest))
         for item in [sig_manifest["config"], *sig_manifest["layers"]]:
             blobs.append((Descriptor(item["mediaType"], item["digest"], item["size"]), f"signature {item['digest'][7:19]}"))
+    damaged = damaged_signatures(store, mk.digest)
+    if damaged:  # pushing the bundle without it would publish it unsigned, or with a blob the registry refuses
+        raise BundleError("digest-mismatch", f"{ref}: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does "
+                          "not match its digest): nothing pushed; pull or sign the bundle again")
     legacy = find_legacy_signatures(store, mk.digest)  # cosign's older `sha256-<hex>.sig` tag form (bundler.cosign)
     blobs += [(Descriptor(i["mediaType"], i["digest"], i["size"]), "cosign .sig") for _, _, m in legacy for i in [m["config"], *m["layers"]]]
-    records = local_records(store, mk.digest)
+    records = local_records(store, mk.digest, trusted or {})
     blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
     unique = list({d.digest: (d, label) for d, label in blobs}.values())
     uploader = _Uploader(client, store, progress)
@@ -481,21 +492,10 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
 # Push and pull only move them (digests checked); `bundle attestations` verifies them.
 
 
-def local_records(store: Store, subject: str) -> list[tuple[Descriptor, bytes, list[Descriptor]]]:
-    """(manifest descriptor, manifest bytes, its blobs) of each run record of `subject` in the store.
-
-    A record whose manifest or blobs are damaged or missing stays behind (`bundle attestations` reports it)."""
-    out = []
-    for desc in runrecord.find_records(store, subject):
-        try:
-            data, manifest = store.read_json_blob(desc)
-            items = [manifest.get("config"), *(manifest.get("layers") or [])]
-            record_blobs = [_descriptor(item, f"run record {desc.digest[:19]}…", MAX_JSON_BLOB) for item in items]
-        except (BundleError, AttributeError, TypeError):
-            continue
-        if all(store.has_blob(d.digest) for d in record_blobs):
-            out.append((desc, data, record_blobs))
-    return out
+def local_records(store: Store, subject: str, trusted: Mapping[str, Any]) -> list[tuple[Descriptor, bytes, list[Descriptor]]]:
+    """(manifest descriptor, manifest bytes, its blobs) of each run record of `subject` in the store that a pull
+    would keep (bundler.recordlimits): a record whose blobs are damaged or missing stays behind."""
+    return [(c.desc, store.read_json_blob(c.desc)[0], c.blobs) for c in recordlimits.local(store, subject, trusted)]
 
 
 def push_records(client: Client, subject: str, records: list[tuple[Descriptor, bytes, list[Descriptor]]]) -> None:
@@ -515,12 +515,14 @@ def remote_records(client: Client, subject: str) -> list[tuple[Descriptor, bytes
     """(manifest descriptor, manifest bytes, its blobs) of each run record of `subject` the registry lists;
     a manifest that is not a record about `subject` is skipped."""
     out = []
-    for ref_desc in referrers(client, subject, runrecord.ARTIFACT_TYPE):
+    for ref_desc in referrers(client, subject, runrecord.ARTIFACT_TYPE)[: recordlimits.MAX_CANDIDATES]:
         what = f"run record {ref_desc.digest[:19]}…"
+        if ref_desc.size > recordlimits.MAX_RECORD_BYTES:
+            continue  # larger than any record pull keeps: not even read
         data, digest, _ = _get_manifest(client, ref_desc.digest, what, expect=ref_desc.digest)
         try:
-            body = json.loads(data)
-        except ValueError:
+            body = boundedjson.loads(data, what)
+        except BundleError:  # not JSON, or a nesting bomb: not a record
             continue
         if not isinstance(body, dict) or not isinstance(body.get("subject"), dict) or body["subject"].get("digest") != subject:
             continue
@@ -533,6 +535,8 @@ def remote_records(client: Client, subject: str) -> list[tuple[Descriptor, bytes
             record_blobs = [_descriptor(item, what, MAX_JSON_BLOB) for item in [body.get("config"), *layers]]
         except BundleError:
             continue  # not a well-formed record: not ours to carry
+        if len(data) + sum(d.size for d in record_blobs) > recordlimits.MAX_RECORD_BYTES:
+            continue
         out.append((Descriptor(OCI_MANIFEST, digest, len(data)), data, record_blobs))
     return out
 
@@ -779,6 +783,7 @@ def pull(
         sig_manifests.append((Descriptor(OCI_MANIFEST, sig_digest, len(data)), data))
         sig_layers[sig_digest] = parts[1].digest
         meta += [(d, f"signature {sig_digest[7:19]}") for d in parts]
+    bundle_blobs = {digest} | {d.digest for d, _ in blobs + meta}
     records = remote_records(client, digest)
     blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
 
@@ -826,6 +831,7 @@ def pull(
         if report.error is not None:
             downloader.discard()  # bad content or a bad signature: nothing of it is worth keeping for a retry
             raise report.error
+        records, dropped_records = _bounded_records(store, tmp, digest, records, trusted, bundle_blobs | {d.digest for d, _ in sig_manifests})
         # Only the signatures that verified are kept, of each kind (none with --allow-unsigned: not checked).
         dropped = {d.digest for d, _ in sig_manifests if d.digest not in report.verified_signatures}
         sig_manifests = [(d, data) for d, data in sig_manifests if d.digest in report.verified_signatures]
@@ -849,4 +855,23 @@ def pull(
     finally:
         shutil.rmtree(tmp.root, ignore_errors=True)
     return PullResult(str(ref), digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signer, [d.digest for d, _ in sig_manifests],
-                      [d.digest for d, _, _ in records], sorted({s["kind"] for s in report.signatures if s["verified"]}))
+                      [d.digest for d, _, _ in records], sorted({s["kind"] for s in report.signatures if s["verified"]}),
+                      dropped_records)
+
+
+
+def _bounded_records(store: Store, tmp: Store, subject: str, records: list[tuple[Descriptor, bytes, list[Descriptor]]],
+                     trusted: Mapping[str, Any], needed: set[str]) -> tuple[list[tuple[Descriptor, bytes, list[Descriptor]]], int]:
+    """The pulled records (their blobs in `tmp`) that the store keeps beside those it holds (bundler.recordlimits),
+    and how many were dropped; a dropped record's blobs are removed from `tmp` unless `needed` or kept."""
+    held = recordlimits.local(store, subject, trusted)
+    held_digests = {c.desc.digest for c in held}
+    new = [recordlimits.Candidate(desc, blobs) for desc, _, blobs in records if desc.digest not in held_digests]
+    chosen = {c.desc.digest for c in recordlimits.choose(tmp, subject, new, trusted, len(held), sum(c.size for c in held))}
+    kept = [r for r in records if r[0].digest in chosen or r[0].digest in held_digests]
+    needed = needed | {d.digest for desc, _, blobs in kept for d in [desc, *blobs]}
+    for desc, _, blobs in records:
+        for blob in [desc, *blobs]:
+            if blob.digest not in needed:
+                tmp.blob_path(blob.digest).unlink(missing_ok=True)
+    return kept, len(records) - len(kept)

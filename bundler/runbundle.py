@@ -20,6 +20,7 @@ from bundler.verify import VerifyReport, verify_bundle
 WEIGHT_SUFFIX = ".safetensors"  # left in the blobs; GGUF files are extracted (llama.cpp opens a path)
 HISTORY_STATE = "run-history"  # the store's private state: runner.run_history's counts per bundle and machine
 HISTORY_KEPT = 64  # keys kept, the newest
+HISTORY_MAX_BYTES = 64 << 10  # HISTORY_KEPT keys of ~200 bytes fit many times over; a larger file is ignored
 
 
 def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,8 +80,8 @@ def run_history(store: Store, digest: str) -> Any:
 
     def read() -> dict[str, Any]:
         try:
-            return store.state(HISTORY_STATE)
-        except BundleError:
+            return store.state(HISTORY_STATE, max_bytes=HISTORY_MAX_BYTES)
+        except BundleError:  # damaged, oversized or not a file: ignored, and replaced by the next save
             return {}
 
     def save(counts: dict[str, int]) -> None:

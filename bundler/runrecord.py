@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import jsonschema
 
-from bundler import dsse, keys
+from bundler import boundedjson, dsse, keys
 from bundler.errors import BundleError
 from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
 from bundler.store import Store
@@ -352,8 +352,8 @@ def check_record(store: Store, desc: Descriptor, subject_digest: str, trusted: M
             raise dsse.invalid(f"record envelope is not JSON: {err}") from None
         envelope = dsse.parse_envelope(envelope_json, "envelope")
         result.claimed_signer = envelope.keyid or None
-        with contextlib.suppress(ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            result.statement = json.loads(envelope.payload)  # for display, verified or not
+        with contextlib.suppress(BundleError):  # not JSON, or nested too deep to show
+            result.statement = boundedjson.loads(envelope.payload, "record statement")  # for display, verified or not
         result.signer = dsse.verify_signer(envelope, trusted, envelope.keyid or None)
         statement = dsse.parse_statement(envelope.payload_type, envelope.payload, PREDICATE_TYPE)
         problem = schema_problem(statement)

@@ -212,9 +212,27 @@ def _signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]
             if layer.media_type != signature.SIGSTORE_BUNDLE_MEDIA_TYPE:
                 continue
             data, _ = store.read_json_blob(layer)
+            # Its config too (the empty JSON object): verify and push walk this artifact, so every blob of it is checked.
+            store.read_json_blob(parse_descriptor(manifest.get("config"), f"signature {desc.digest} config"))
         except BundleError:
             continue
         yield desc, subject["digest"], data
+
+
+def damaged_signatures(store: Store, subject_digest: str) -> list[str]:
+    """Digests of signature artifacts whose manifest names `subject_digest` but which `find_signatures` leaves
+    out: one of their blobs is missing or does not match its digest and size (or the artifact is malformed)."""
+    usable = {desc.digest for desc, _ in find_signatures(store, subject_digest)}
+    out = []
+    for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
+        try:
+            _, manifest = store.read_json_blob(desc)
+        except BundleError:
+            continue  # its subject cannot be told
+        subject = manifest.get("subject") if isinstance(manifest, dict) else None
+        if isinstance(subject, dict) and subject.get("digest") == subject_digest and desc.digest not in usable:
+            out.append(desc.digest)
+    return out
 
 
 def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:

@@ -26,6 +26,9 @@ REF_NAME = "org.opencontainers.image.ref.name"
 PRIVATE = ".specbundle"  # our own state beside the layout: temp files, lock, rollback memory
 MAX_JSON_BLOB = boundedjson.MAX_JSON_BYTES
 MAX_INDEX = 64 << 20  # index.json lists every tag and signature: larger than one manifest, still bounded
+# Private state (rollback memory, run history): read whole and parsed, so capped well below what parsing could
+# blow up (JSON of tiny containers costs ~20x its size in memory); a version remembered costs ~90 bytes.
+MAX_STATE = 4 << 20
 
 
 def default_root(option: str | None) -> Path:
@@ -253,12 +256,13 @@ class Store:
         ]
 
     # private state ---------------------------------------------------------------------------
-    def state(self, name: str) -> dict[str, Any]:
+    def state(self, name: str, max_bytes: int = MAX_STATE) -> dict[str, Any]:
+        """A private state file (`.specbundle/<name>.json`), at most max_bytes; damaged or oversized is an error."""
         path = self.root / PRIVATE / f"{name}.json"
         if not os.path.lexists(path):
             return {}
         try:
-            value = boundedjson.read_json(path, f"store state {name}", max_bytes=MAX_INDEX)
+            value = boundedjson.read_json(path, f"store state {name}", max_bytes=max_bytes)
         except BundleError as err:
             raise BundleError("integrity", f"{err.message}: the store's memory is damaged; remove {path} to reset it (this forgets the versions seen, so rollback protection starts over)") from None
         if not isinstance(value, dict):

@@ -22,7 +22,7 @@ from bundler.layerread import LayerScan, scan_layer
 from bundler.manifest import Descriptor
 from bundler.modelkit import ModelKit, load_modelkit
 from bundler.refs import Ref
-from bundler.sign import file_hashes, find_signatures
+from bundler.sign import damaged_signatures, file_hashes, find_signatures
 from bundler.store import Store
 
 ROLLBACK_STATE = "versions"
@@ -215,6 +215,7 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
 
     from bundler.layerread import TOKENIZER_FILES
     from bundler.tarlayer import iter_layer
+    from bundler.metadatacheck import check_tree
     from runner.tokenizer_gate import check_tokenizers  # torch-free
 
     with tempfile.TemporaryDirectory(prefix="specbundle-tok-") as tmp:
@@ -230,6 +231,7 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
                     rel = posixpath.relpath(member.name, spec.path)
                     if member.kind == "file" and content is not None and "/" not in rel and rel in TOKENIZER_FILES:
                         (out / rel).write_bytes(content.read())
+        check_tree(Path(tmp))  # read before the signature is checked: bounded first
         check_tokenizers(dirs)
 
 
@@ -277,7 +279,10 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
     """
     found = find_signatures(store, mk.digest)
     if not found:
-        err = BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
+        damaged = damaged_signatures(store, mk.digest)
+        why = (f"has no usable signature: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does not match "
+               "its digest); pull or sign it again" if damaged else "has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
+        err = BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) {why}")
         report.checks.append(Check("signature", False, err.message))
         report.error = err
         raise _Failed from err

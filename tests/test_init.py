@@ -217,11 +217,15 @@ def test_a_draft_of_another_family_is_refused(downloads: dict[str, Path], tmp_pa
 
 
 def test_hidden_entries_are_left_out_and_links_followed(downloads: dict[str, Path], tmp_path: Path) -> None:
-    # A Hugging Face cache snapshot: every file a symlink into blobs/; `hf download --local-dir` adds .cache/.
-    snapshot = tmp_path / "snapshot"
-    snapshot.mkdir()
+    # A Hugging Face cache snapshot: every file a relative symlink into the repository's blobs/ (as the hub
+    # writes them); `hf download --local-dir` adds .cache/.
+    repo = tmp_path / "hub" / "models--org--tiny-target"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
     for src in downloads["target"].iterdir():
-        (snapshot / src.name).symlink_to(src)
+        shutil.copyfile(src, repo / "blobs" / f"blob-{src.name}")
+        (snapshot / src.name).symlink_to(Path("..", "..", "blobs", f"blob-{src.name}"))
     (snapshot / ".cache" / "huggingface").mkdir(parents=True)
     (snapshot / ".cache" / "huggingface" / "model.safetensors.lock").write_text("")
     (snapshot / ".gitattributes").write_text("*.safetensors filter=lfs\n")
