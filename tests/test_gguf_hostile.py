@@ -255,3 +255,18 @@ def test_inspect_shows_the_tokenizer_fingerprint_run_uses_on_a_gguf_bundle(tmp_p
     assert info["models"]["target"]["parameters"] == gguf_model.parameters(target)
     shown = run_bundle("inspect", ref, "--key", str(keypair[1]), "--store", store, check=True).out
     assert f"tokenizer: {uses}" in shown
+
+
+def test_run_refuses_a_signed_gguf_whose_weights_llama_cpp_refuses_with_exit_6(tmp_path: Path, keypair) -> None:
+    """A tensor renamed in the header: the header, the vocabulary and pack's checks pass, llama.cpp's weight
+    load finds the tensor missing; `run` says so in one line, exit 6."""
+    ctx = _gguf_context(tmp_path)
+    path = ctx / "target" / "model.gguf"
+    path.write_bytes(path.read_bytes().replace(b"blk.1.ffn_up.weight", b"blk.1.ffn_up.wfight", 1))
+    store, ref = str(tmp_path / "store"), "tiny-spec:1.0.0"  # the Kitfile's name and version
+    run_bundle("pack", str(ctx), "-t", ref, "--key", str(keypair[0]), "--store", store, check=True)
+    result = run_bundle("run", ref, "--prompt", "hi", "--max-new-tokens", "2", "--key", str(keypair[1]), "--store", store)
+    assert result.code == 6, result.err
+    assert result.err.strip().splitlines() == [result.err.strip()] and "Traceback" not in result.err
+    assert result.err.startswith("error: [invalid-bundle] llama.cpp cannot load model.gguf: ")
+    assert "blk.1.ffn_up.weight" in result.err, result.err
