@@ -286,7 +286,8 @@ def _in_child(work: Callable[[], Any], doing: str) -> Any:
         if pid == 0:  # the child: never returns
             try:
                 os.close(r)
-                os.dup2(log.fileno(), 2)  # llama.cpp's abort message goes here, not to the user's terminal
+                for fd in (1, 2):  # llama.cpp's output and abort message go here, not to the user's terminal
+                    os.dup2(log.fileno(), fd)
                 faulthandler.disable()  # (pytest's and PYTHONFAULTHANDLER's dump would go to the terminal)
                 os.environ["GGML_NO_BACKTRACE"] = "1"  # else ggml's abort attaches gdb, where installed, for seconds
                 try:
