@@ -262,18 +262,24 @@ def difference(target: Mapping, draft: Mapping) -> str | None:
     return None
 
 
-def _probe_ids(path: Path) -> list[list[int]]:
-    """The probe set through the file's own llama.cpp tokenizer (vocabulary only), in a child process."""
+def _probe_ids(files: Mapping[str, Path]) -> dict[str, list[list[int]]]:
+    """The probe set through each file's own llama.cpp tokenizer (vocabulary only), in one child process."""
     from runner.engines import llamacpp
 
-    def probe() -> list[list[int]]:
-        llm = llamacpp.open_llama(path, vocab_only=True, verbose=True)  # stderr, an abort's message, is the child's log
-        return [llm.tokenize(p.encode(), add_bos=True, special=True) for p in PROBES]
+    def probe() -> dict[str, list[list[int]]]:
+        out = {}
+        for role, path in files.items():
+            os.write(2, f"{_DOING}{Path(path).name}\n".encode())  # the log names the file if llama.cpp aborts
+            out[role] = llamacpp.vocab_tokenize(path, list(PROBES))
+        return out
 
-    return _in_child(probe, f"reading the vocabulary of {Path(path).name}")
+    return _in_child(probe)
 
 
-def _in_child(work: Callable[[], Any], doing: str) -> Any:
+_DOING = "specbundle: reading the vocabulary of "
+
+
+def _in_child(work: Callable[[], Any]) -> Any:
     """work() in a forked child, its result back by pipe. Why: this is llama.cpp's first contact with a file
     that may be hostile, and llama.cpp aborts the whole process on some malformed vocabularies (GGML_ASSERT,
     e.g. two equal tokens); here that is BundleError("invalid-bundle") with its assertion, not a dead `bundle`."""
@@ -294,8 +300,6 @@ def _in_child(work: Callable[[], Any], doing: str) -> Any:
                     reply = ("ok", work())
                 except BundleError as err:
                     reply = ("error", err.code, err.message)
-                except (RuntimeError, ValueError) as err:  # llama-cpp-python's word for a call llama.cpp failed
-                    reply = ("error", "invalid-bundle", f"llama.cpp failed {doing}: {str(err)[:200]}")
                 except BaseException as err:  # noqa: BLE001 - reported by the parent as what it is
                     reply = ("error", "internal", f"{type(err).__name__}: {err}")
                 with os.fdopen(w, "wb") as out:
@@ -316,10 +320,14 @@ def _in_child(work: Callable[[], Any], doing: str) -> Any:
         finally:
             os.close(r)
             status = os.waitpid(pid, 0)[1]
+        size = log.seek(0, os.SEEK_END)
+        log.seek(max(0, size - (1 << 20)))  # the end of what it said: the file it was at, the assertion
+        said = [line.strip() for line in log.read().decode("utf-8", "replace").splitlines()]
+        doing = next((line.removeprefix("specbundle: ") for line in reversed(said) if line.startswith(_DOING)),
+                     "reading a vocabulary")
         if os.WIFSIGNALED(status):
-            log.seek(0)
-            said = [line.strip() for line in log.read()[-65536:].decode("utf-8", "replace").splitlines()]
-            why = next((line for line in said if "GGML_ASSERT" in line or "error" in line.lower()), "")
+            why = next((line for line in said if "GGML_ASSERT" in line), "") or next(
+                (line for line in said if "error" in line.lower()), "")
             why = why.rsplit("/", 1)[-1] if "GGML_ASSERT" in why else why  # from the source file's name on
             if os.WTERMSIG(status) == signal.SIGKILL and time.monotonic() >= deadline:
                 raise BundleError("invalid-bundle", f"llama.cpp took over {CHILD_SECONDS} s {doing}")
@@ -345,7 +353,8 @@ def check_tokenizers(files: Mapping[str, Path], headers: Mapping[str, Mapping]) 
     found = difference(target, draft)
     if found:
         raise BundleError("tokenizer-mismatch", found)
-    for probe, a, b in zip(PROBES, _probe_ids(files["target"]), _probe_ids(files["draft"])):
+    ids = _probe_ids(files)
+    for probe, a, b in zip(PROBES, ids["target"], ids["draft"]):
         if a != b:
             raise BundleError("tokenizer-mismatch", f"probe {probe!r} encodes to {a} on the target, {b} on the draft")
     return fingerprint(target)

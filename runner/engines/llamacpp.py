@@ -54,8 +54,44 @@ def open_llama(path: str | Path, **kwargs):
             return llama_cpp.Llama(model_path=str(path), **{"verbose": False, **kwargs})
         except ValueError:  # llama-cpp-python's "Failed to load model from file", the cause in the log
             pass
+    raise _refused(path, errors)
+
+
+def _refused(path: str | Path, errors: list[str]) -> BundleError:
     reason = next((line for line in errors if line), "no reason given")  # the first line is the cause
-    raise BundleError("invalid-bundle", f"llama.cpp cannot load {Path(path).name}: {reason[:300]}")
+    return BundleError("invalid-bundle", f"llama.cpp cannot load {Path(path).name}: {reason[:300]}")
+
+
+def vocab_tokenize(path: str | Path, texts: list[str]) -> list[list[int]]:
+    """Each text through the file's own tokenizer (bos added as the file says, special tokens parsed), the
+    vocabulary loaded alone: llama.cpp's C API directly, no context (what `Llama(vocab_only=True)`
+    builds around it costs more than the vocabulary itself)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    with _errors_logged() as errors:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise _refused(path, errors)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        out = []
+        for text in texts:
+            raw = text.encode()
+            room = len(raw) + 8  # a token takes a byte at least, plus bos/eos
+            for _ in range(2):
+                buf = (llama_cpp.llama_token * room)()
+                n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, room, True, True)
+                if n >= 0:
+                    break
+                room = -n  # llama.cpp says how many it needs
+            if n < 0:
+                raise BundleError("invalid-bundle", f"llama.cpp cannot tokenize with {Path(path).name}")
+            out.append(list(buf[:n]))
+        return out
+    finally:
+        llama_cpp.llama_model_free(model)
 
 
 def version() -> str:
