@@ -21,7 +21,7 @@ from bundler.verify import verify_bundle
 
 MAX_METADATA_FILE = 64 << 20
 MAX_SAFETENSORS_HEADER = 100 << 20
-MAX_GGUF_HEADER = 64 << 20  # a GGUF file's first bytes kept for its header (a 262k-token vocabulary's is ~20 MiB)
+MAX_GGUF_HEADER = 64 << 20  # the first bytes of a GGUF file kept for its header (metadata, tensor infos); a longer header reads as cut
 METADATA_FILES = TOKENIZER_FILES | {"config.json", "generation_config.json"}
 
 
