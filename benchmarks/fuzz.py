@@ -16,6 +16,12 @@ Running each case as a CLI subprocess costs ~1 s of interpreter start-up on this
 space limit in the worker and a wall-clock limit in the parent (the worker is killed and replaced on a hang).
 
     .venv/bin/python benchmarks/fuzz.py [--cases 10000] [--seed 1] [--workers 2] [--timeout 20]
+
+`--surface gguf` fuzzes GGUF headers instead (`gguf_campaign`): each case changes the header of a GGUF
+pair's target or draft file (bit flips, cuts, integers overwritten with edge values, inserted entries:
+nested arrays, huge counts and lengths, a duplicate key, a token made equal to another, which llama.cpp
+aborts on) and runs `bundle pack` on it. Outcomes: `ok` (packed: the change did not matter), `refused`,
+`crash` (exit 1, or the worker died: llama.cpp aborting the process), `hang`.
 """
 
 from __future__ import annotations
@@ -160,7 +166,7 @@ def run_case(base: dict[str, Any], seed: int, case: int, work: Path) -> dict[str
     return {"case": case, "target": target, "mutation": how, "exit": code, "outcome": outcome, "error": lines[-1][:200] if lines else ""}
 
 
-def _worker(conn: Any, base: dict[str, Any], seed: int, work: str) -> None:
+def _worker(conn: Any, base: dict[str, Any], seed: int, work: str, run: Any = None) -> None:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     os.environ.pop("BUNDLE_TRUSTED_KEYS", None)
@@ -169,17 +175,19 @@ def _worker(conn: Any, base: dict[str, Any], seed: int, work: str) -> None:
         if case is None:
             return
         try:
-            conn.send(run_case(base, seed, case, Path(work)))
+            conn.send((run or run_case)(base, seed, case, Path(work)))
         except MemoryError:
             conn.send({"case": case, "outcome": "crash", "error": "MemoryError outside main", "exit": 1})
 
 
-def campaign(cases: int, seed: int = 1, workers: int = 2, timeout: float = 20.0, progress: bool = False) -> dict[str, Any]:
-    """Run `cases` seeded cases on `workers` processes; the tally and every non-refused, non-ok case."""
+def campaign(cases: int, seed: int = 1, workers: int = 2, timeout: float = 20.0, progress: bool = False,
+             build: Any = None, run: Any = None) -> dict[str, Any]:
+    """Run `cases` seeded cases on `workers` processes; the tally and every non-refused, non-ok case.
+    build(root) -> base and run(base, seed, case, work) -> outcome: another surface (default: the store's)."""
     ctx = mp.get_context("fork")
     tmp = Path(tempfile.mkdtemp(prefix="specbundle-fuzz-"))
     try:
-        base = build_base(tmp / "base")
+        base = (build or build_base)(tmp / "base")
         work = tmp / "work"
         work.mkdir()
         started = time.perf_counter()
@@ -191,7 +199,7 @@ def campaign(cases: int, seed: int = 1, workers: int = 2, timeout: float = 20.0,
 
         def spawn() -> dict[str, Any]:
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(child, base, seed, str(work)), daemon=True)
+            p = ctx.Process(target=_worker, args=(child, base, seed, str(work), run), daemon=True)
             p.start()
             return {"proc": p, "conn": parent, "case": None, "since": 0.0}
 
@@ -243,14 +251,149 @@ def campaign(cases: int, seed: int = 1, workers: int = 2, timeout: float = 20.0,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# --- GGUF headers --------------------------------------------------------------------------------------------
+
+GGUF_REF = "fuzz-gguf:1.0.0"
+GGUF_MUTATIONS = ("flip", "flips", "truncate", "u64", "u32", "splice", "insert", "same-token")
+EDGE_U64 = (0, 1, 2**31, 2**32 - 1, 2**32, 2**62, 2**63, 2**64 - 1)
+EDGE_U32 = (0, 1, 7, 8, 9, 12, 13, 4, 5, 10, 2**31, 2**32 - 1)
+
+
+def _write_gguf_context(ctx: Path) -> None:
+    """make_pair's context with a tiny GGUF pair as target and draft; exits 0 when `bundle pack` accepts it."""
+    from tinygguf import write_gguf
+    from tinymodels import make_pair
+
+    make_pair(ctx)
+    for role, size in (("target", dict(hidden=128, layers=2)), ("draft", dict(hidden=32, layers=1, heads=2, kv_heads=1))):
+        shutil.rmtree(ctx / role)
+        (ctx / role).mkdir()
+        write_gguf(ctx / role / "model.gguf", seed=0 if role == "target" else 1, **size)
+    code, _, err = _main(["pack", str(ctx), "-t", GGUF_REF, "--store", str(ctx.parent / "check-store")])
+    sys.exit(0 if code == 0 else f"packing the base GGUF pair failed: {err}")
+
+
+def build_gguf_base(root: Path) -> dict[str, Any]:
+    """A bundle context with a tiny GGUF pair that `bundle pack` accepts; where each file's header ends.
+    It is built in a child process: torch's threads (make_pair) must not exist in the process the workers
+    are forked from (a worker would inherit a held lock and wait forever)."""
+    ctx = root / "ctx"
+    builder = mp.get_context("fork").Process(target=_write_gguf_context, args=(ctx,))
+    builder.start()
+    builder.join()
+    assert builder.exitcode == 0, "building the base GGUF pair failed"
+    ends = {}
+    for role in ("target", "draft"):
+        data = (ctx / role / "model.gguf").read_bytes()
+        ends[role] = data.index(b"output.weight") + len(b"output.weight") + 40  # the last tensor info
+    return {"ctx": str(ctx), "header_end": ends}
+
+
+def _hostile_entry(rng: random.Random) -> bytes:
+    """One metadata entry a hostile tool could write: nested arrays, a huge count or length, a duplicate key,
+    a tokenizer field of the wrong type."""
+    import struct
+
+    def text(t: bytes) -> bytes:
+        return struct.pack("<Q", len(t)) + t
+
+    kind = rng.choice(["nest", "deep", "count", "length", "duplicate", "wrong-type", "unknown-type"])
+    if kind == "nest":
+        return text(b"fuzz.nested") + struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 0, 0)
+    if kind == "deep":
+        return text(b"fuzz.deep") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * rng.choice([10, 1000, 100_000])
+    if kind == "count":
+        return text(b"fuzz.count") + struct.pack("<IIQ", 9, rng.choice([0, 4, 8, 12]), rng.choice(EDGE_U64[3:]))
+    if kind == "length":
+        return text(b"fuzz.length") + struct.pack("<IQ", 8, rng.choice(EDGE_U64[2:]))
+    if kind == "duplicate":
+        return text(b"general.architecture") + struct.pack("<I", 8) + text(b"llama")
+    if kind == "wrong-type":
+        key = rng.choice([b"tokenizer.ggml.eos_token_id", b"tokenizer.ggml.add_bos_token", b"llama.block_count"])
+        return text(key) + struct.pack("<I", 8) + text(b"many")
+    return text(b"fuzz.type") + struct.pack("<I", rng.choice([13, 99, 2**32 - 1]))
+
+
+def _mutate_gguf(path: Path, end: int, how: str, rng: random.Random) -> None:
+    import struct
+
+    data = bytearray(path.read_bytes())
+    at = rng.randrange(end)
+    if how == "flip":
+        data[at] ^= 1 << rng.randrange(8)
+    elif how == "flips":
+        for _ in range(rng.randint(2, 32)):
+            data[rng.randrange(end)] = rng.randrange(256)
+    elif how == "truncate":
+        del data[at:]
+    elif how == "u64":
+        data[at : at + 8] = struct.pack("<Q", rng.choice(EDGE_U64))
+    elif how == "u32":
+        data[at : at + 4] = struct.pack("<I", rng.choice(EDGE_U32))
+    elif how == "splice":
+        data[at : at + rng.randint(0, 64)] = rng.randbytes(rng.randint(1, 64))
+    elif how == "insert":  # one more entry, first of the metadata: n_kv (bytes 16-24) counts it
+        (n_kv,) = struct.unpack_from("<Q", data, 16)
+        struct.pack_into("<Q", data, 16, n_kv + 1)
+        data[24:24] = _hostile_entry(rng)
+    elif how == "same-token":  # a token's text made another's of the same length: two equal tokens
+        from tinygguf import tokenizer_fields
+
+        tokens = [t.encode() for t in tokenizer_fields()["tokens"]]
+        a = rng.randrange(len(tokens))
+        same = [t for t in tokens if len(t) == len(tokens[a]) and t != tokens[a]]
+        if same:
+            old = struct.pack("<Q", len(tokens[a])) + tokens[a]
+            i = data.find(old)
+            data[i + 8 : i + 8 + len(tokens[a])] = rng.choice(same)
+    path.write_bytes(bytes(data))
+
+
+def run_gguf_case(base: dict[str, Any], seed: int, case: int, work: Path) -> dict[str, Any]:
+    """One case: copy the GGUF context, change one file's header, run `bundle pack`; the outcome."""
+    rng = random.Random(seed * 1_000_003 + case)
+    role, how = rng.choice(["target", "draft", "both"]), rng.choice(GGUF_MUTATIONS)
+    root = work / f"case-{case}"
+    ctx = root / "ctx"
+    shutil.copytree(base["ctx"], ctx)
+    # "both": the same change to both files (their metadata lie at the same offsets), so a hostile tokenizer
+    # passes the gate's comparison and reaches llama.cpp
+    state = rng.getstate()
+    for changed in (["target", "draft"] if role == "both" else [role]):
+        rng.setstate(state)
+        end = min(base["header_end"].values()) if role == "both" else base["header_end"][changed]
+        _mutate_gguf(ctx / changed / "model.gguf", end, how, rng)
+    try:
+        code, _, err = _main(["pack", str(ctx), "-t", GGUF_REF, "--store", str(root / "store")])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    lines = err.strip().splitlines()
+    if code == 0:
+        outcome = "ok"
+    elif code == 1 or not lines or not lines[-1].startswith("error: ["):
+        outcome = "crash"
+    else:
+        outcome = "refused"
+    return {"case": case, "target": role, "mutation": how, "exit": code, "outcome": outcome, "error": lines[-1][:200] if lines else ""}
+
+
+def gguf_campaign(cases: int, seed: int = 1, workers: int = 2, timeout: float = 60.0, progress: bool = False) -> dict[str, Any]:
+    """`campaign` on GGUF headers: `bundle pack` on a pair whose target or draft header was changed."""
+    return campaign(cases, seed, workers, timeout, progress, build=build_gguf_base, run=run_gguf_case)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds per case before it counts as a hang")
+    parser.add_argument("--surface", choices=["store", "gguf"], default="store", help="what the cases change")
     args = parser.parse_args()
-    result = campaign(args.cases, args.seed, args.workers, args.timeout, progress=True)
+    if args.surface == "gguf":
+        result = gguf_campaign(args.cases, args.seed, args.workers, args.timeout, progress=True)
+    else:
+        result = campaign(args.cases, args.seed, args.workers, args.timeout, progress=True)
     for name, count in sorted(result["outcomes"].items()):
         print(f"{name:10} {count}")
     print(f"{result['cases']} cases in {result['seconds']} s ({result['cases_per_second']}/s), seed {result['seed']}, {result['workers']} workers")

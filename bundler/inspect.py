@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import struct
 import tempfile
@@ -20,6 +21,7 @@ from bundler.verify import verify_bundle
 
 MAX_METADATA_FILE = 64 << 20
 MAX_SAFETENSORS_HEADER = metadatacheck.MAX_SAFETENSORS_HEADER
+MAX_GGUF_HEADER = 64 << 20  # the first bytes of a GGUF file kept for its header (metadata, tensor infos); a longer header reads as cut
 METADATA_FILES = TOKENIZER_FILES | {"config.json", "generation_config.json"}
 
 
@@ -35,6 +37,9 @@ def metadata_view(store: Store, mk: ModelKit, dest: Path) -> None:
                 if base in METADATA_FILES and member.size <= MAX_METADATA_FILE:
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_bytes(content.read())
+                elif base.endswith(".gguf"):  # the header (metadata, tensor shapes) is at the start: no weights
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(content.read(min(member.size, MAX_GGUF_HEADER)))
                 elif base.endswith(".safetensors") and member.size >= 8:
                     head = content.read(8)
                     (n,) = struct.unpack("<Q", head)
@@ -46,7 +51,7 @@ def metadata_view(store: Store, mk: ModelKit, dest: Path) -> None:
 
 def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_tokens: int = 2048) -> dict[str, Any]:
     """A JSON-ready description: manifest, layers with roles, signer and verification state, tokenizer, sizes."""
-    from runner import modelinfo, tokenizer_gate  # the runner reads model and tokenizer files; imported late (torch-free)
+    from runner import gguf_model, modelinfo, tokenizer_gate  # the runner reads model and tokenizer files; imported late (torch-free)
 
     mk = load_modelkit(store, ref)
     roles = mk.kitfile.role_paths()
@@ -77,6 +82,10 @@ def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_token
     with tempfile.TemporaryDirectory(prefix="specbundle-inspect-") as tmp:
         view = Path(tmp)
         metadata_view(store, mk, view)
+        models = {role: view / roles[role] for role in ("target", "draft")}
+        if all(d.is_dir() and gguf_model.gguf_files(d) for d in models.values()):
+            out.update(_gguf_view(models, max_tokens))
+            return out
         try:
             metadatacheck.check_roles(view, roles)  # hostile shapes refused before the runner's readers see them
         except BundleError as err:
@@ -94,4 +103,25 @@ def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_token
             out["memory"] = {"dtype": dtype, "max_tokens": max_tokens, **modelinfo.estimate_memory(view / roles["target"], view / roles["draft"], dtype, max_tokens)}
         except BundleError as err:
             out["models"] = {"error": err.line()}
+    return out
+
+
+def _gguf_view(dirs: Mapping[str, Path], max_tokens: int) -> dict[str, Any]:
+    """tokenizer, models and memory of a GGUF bundle from its files' headers. The fingerprint is the one
+    `bundle run` reports and gates on: the target GGUF file's own tokenizer metadata (runner.gguf_model),
+    which is what llama.cpp tokenizes with; a `tokenizer` role beside it is not used by a GGUF run."""
+    from runner import gguf_model
+
+    try:
+        headers = {role: gguf_model.read_header(gguf_model.gguf_files(d)[0]) for role, d in dirs.items()}
+    except BundleError as err:
+        return {"tokenizer": {"fingerprint": None, "error": err.line()}, "models": {"error": err.line()}}
+    out: dict[str, Any] = {
+        "tokenizer": {"fingerprint": gguf_model.fingerprint(gguf_model.tokenizer_metadata(headers["target"])),
+                      "source": "target GGUF metadata"},
+        "models": {role: {"parameters": gguf_model.parameters(h)} for role, h in headers.items()},
+    }
+    with contextlib.suppress(BundleError):  # sizes of the wrong type: no estimate, as for safetensors
+        out["memory"] = {"dtype": "gguf", "engine": "llama.cpp", "max_tokens": max_tokens,
+                         **gguf_model.estimate_memory(headers, max_tokens)}
     return out

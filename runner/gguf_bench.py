@@ -180,11 +180,10 @@ def bench_gguf(
     threads = int(params.get("threads") or os.cpu_count() or 1)
     target = llamacpp.load(files["target"], n_ctx=n_ctx, threads=threads)
     draft = llamacpp.load(files["draft"], n_ctx=n_ctx, threads=threads)
-    import llama_cpp
 
     # llama-cpp-python's own: the same file, threads and batch sizes, its own context
-    theirs = llama_cpp.Llama(model_path=str(files["target"]), n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
-                             n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
+    theirs = llamacpp.open_llama(files["target"], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
+                                 n_threads=threads, n_threads_batch=threads, logits_all=False)
 
     def plain(engine) -> Callable[[list[int]], tuple[list[int], Any]]:
         return lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(engine, x, max_new_tokens, eos_ids=eos))

@@ -8,12 +8,21 @@ probe set through both models' own tokenizers.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import math
 import mmap
+import os
+import pickle
+import select
+import signal
 import struct
-from collections.abc import Mapping
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
 from pathlib import Path
 
 from bundler.errors import BundleError
@@ -25,6 +34,8 @@ TOKENIZER_FIELDS = (
     "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.unknown_token_id",
     "tokenizer.ggml.padding_token_id", "tokenizer.ggml.eot_token_id",
 )
+# The longest llama.cpp may take to read a vocabulary in its child process (the demo's 49,152 tokens: well under 1 s).
+CHILD_SECONDS = 120
 PROBES = ("Hello, world!", "def add(a, b):\n    return a + b\n", "caf\u00e9 na\u00efve \u6771\u4eac \U0001f44d",
           "  leading spaces and\ttabs", "numbers 3.14159, 42 and 1,000,000", "<|im_start|>user\nhi<|im_end|>")
 
@@ -58,15 +69,27 @@ def bundle_format(dirs: Mapping[str, Path]) -> str:
 # GGUF metadata value types (the GGUF spec; gguf.GGUFValueType): struct formats of the fixed-size ones
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_MAX_DIMS = 8
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS: llama.cpp refuses a tensor with more
+_MAX_NAME = 64  # ggml's GGML_MAX_NAME: llama.cpp refuses a tensor name of this length or more
+_MAX_KEY = 65535  # the GGUF spec's longest key
+# The only arrays kept (the tokenizer gate's); every other array (scores, a hostile one) is stepped over unread.
+KEPT_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+# Elements in a kept array: published vocabularies stop near 262,144 tokens; 8x that leaves room and bounds memory.
+MAX_ARRAY = 1 << 21
+# Tensors in a file: a model of a few hundred layers holds a few thousand; more is not a model.
+MAX_TENSORS = 1 << 17
 
 
 class _Header:
-    """A GGUF header read from its bytes, bounds-checked at every step.
+    """A GGUF header read from its bytes, bounds-checked at every step, refusing what llama.cpp's own reader
+    (ggml/src/gguf.cpp) refuses: nested arrays, duplicate keys and tensor names, more than 4 dimensions.
 
     Why not gguf.GGUFReader: it builds numpy views for every element of every array, and a 49152-token
     vocabulary with its merges took 5 s per file on this CPU (10 of the 11.5 s before the GGUF demo's first
-    token); this reads the same values in about 0.1 s. tests/test_gguf_bundle.py checks both agree."""
+    token); this reads the same values in about 0.1 s. tests/test_gguf_bundle.py checks both agree.
+    Memory: an array that is not kept is stepped over without building anything; a kept one is built as its
+    final list directly (no intermediate tuple), so the reader holds about what it returns
+    (tests/test_gguf_hostile.py measures it)."""
 
     def __init__(self, data: memoryview) -> None:
         self.data, self.at = data, 0
@@ -81,23 +104,55 @@ class _Header:
     def scalar(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
-    def string(self) -> str:
-        return bytes(self.take(self.scalar("<Q"))).decode("utf-8", "replace")
+    def string(self, longest: int | None = None) -> str:
+        n = self.scalar("<Q")
+        if longest is not None and n > longest:
+            raise ValueError(f"a string of {n:,} bytes where at most {longest:,} are allowed")
+        return str(self.take(n), "utf-8", "replace")  # decoded from the mapped bytes: no copy first
 
-    def value(self, kind: int):
+    def skip_string(self) -> None:
+        self.take(self.scalar("<Q"))
+
+    def value(self, kind: int, keep: bool):
+        """The value of type `kind`, or None without building it when not `keep`."""
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == _STRING:
-            return self.string()
+            return self.string() if keep else self.skip_string()
         if kind == _ARRAY:
             item, count = self.scalar("<I"), self.scalar("<Q")
+            if item == _ARRAY:
+                raise ValueError("an array of arrays (GGUF readers refuse nested arrays)")
+            if item != _STRING and item not in _SCALARS:
+                raise ValueError(f"unknown array element type {item}")
             if count > len(self.data) - self.at:  # every element takes a byte at least
                 raise ValueError(f"an array of {count} elements is longer than the file")
-            if item in _SCALARS:  # one unpack for the whole array
-                fmt = _SCALARS[item]
-                return list(struct.unpack(f"<{count}{fmt[1]}", self.take(count * struct.calcsize(fmt))))
-            return [self.value(item) for _ in range(count)]
+            if keep and count > MAX_ARRAY:
+                raise ValueError(f"an array of {count:,} elements (at most {MAX_ARRAY:,} are read)")
+            if item in _SCALARS:
+                raw = self.take(count * struct.calcsize(_SCALARS[item]))
+                return _scalar_list(raw, _SCALARS[item], count) if keep else None
+            if not keep:
+                for _ in range(count):
+                    self.skip_string()
+                return None
+            return [self.string() for _ in range(count)]
         raise ValueError(f"unknown metadata value type {kind}")
+
+
+def _scalar_list(raw: memoryview, fmt: str, count: int) -> list:
+    """The list of `count` little-endian values of struct format `fmt` in raw, built directly."""
+    if sys.byteorder == "little":  # the standard sizes of these formats are the native ones
+        return raw.cast(fmt[1]).tolist()
+    return list(struct.unpack(f"<{count}{fmt[1]}", raw))
+
+
+def _kept(key: str, kind: int) -> bool:
+    """Whether read_header keeps a key's value: the tokenizer arrays and every scalar or string but the chat
+    templates (GGUFTokenizer reads those through llama.cpp)."""
+    if kind == _ARRAY:
+        return key in KEPT_ARRAYS
+    return not key.startswith("tokenizer.chat_template")
 
 
 def _parse_header(path: Path) -> dict:
@@ -112,19 +167,33 @@ def _parse_header(path: Path) -> dict:
             if version not in (2, 3):
                 raise ValueError(f"GGUF version {version} is not 2 or 3")
             n_tensors, n_kv = h.scalar("<Q"), h.scalar("<Q")
-            metadata = {}
+            if n_tensors > MAX_TENSORS:
+                raise ValueError(f"{n_tensors:,} tensors (at most {MAX_TENSORS:,} are read)")
+            metadata, seen = {}, set()
             for _ in range(n_kv):
-                key = h.string()
-                metadata[key] = h.value(h.scalar("<I"))
+                key = h.string(longest=_MAX_KEY)
+                if key in seen:
+                    raise ValueError(f"metadata key {_short(key)} appears twice")
+                seen.add(key)
+                kind = h.scalar("<I")
+                value = h.value(kind, _kept(key, kind))
+                if value is not None:
+                    metadata[key] = value
             tensors = {}
             for _ in range(n_tensors):
-                name, n_dims = h.string(), h.scalar("<I")
+                name, n_dims = h.string(longest=_MAX_NAME - 1), h.scalar("<I")
+                if name in tensors:
+                    raise ValueError(f"tensor {name!r} appears twice")
                 if n_dims > _MAX_DIMS:
-                    raise ValueError(f"tensor {name!r} has {n_dims} dimensions")
+                    raise ValueError(f"tensor {name!r} has {n_dims} dimensions (at most {_MAX_DIMS})")
                 shape = tuple(h.scalar("<Q") for _ in range(n_dims))
                 kind, _offset = h.scalar("<I"), h.scalar("<Q")
+                if kind not in GGML_QUANT_SIZES:
+                    raise ValueError(f"tensor {name!r} has unknown ggml type {kind}")
                 block, size = GGML_QUANT_SIZES[kind]
                 count = math.prod(shape)
+                if count >= 2**63 or (shape and shape[0] % block):
+                    raise ValueError(f"tensor {name!r} has an impossible shape {shape} for its type")
                 tensors[name] = (shape, count // block * size)
         finally:
             h.data.release()
@@ -132,14 +201,34 @@ def _parse_header(path: Path) -> dict:
 
 
 def read_header(path: Path) -> dict:
-    """{"metadata": {key: value} (tokenizer fields and general.*/<arch>.* scalars), "tensors": {name: (shape,
-    bytes)}} from a GGUF header; no tensor data is read."""
+    """{"metadata": {key: value} (every scalar and string but the chat templates, and the KEPT_ARRAYS),
+    "tensors": {name: (shape, bytes)}} from a GGUF header; no tensor data is read. A malformed header is
+    BundleError("invalid-bundle") naming the file and the fault."""
     try:
-        header = _parse_header(Path(path))
+        return _parse_header(Path(path))
     except (ValueError, KeyError, OSError, struct.error) as e:  # any parse failure is bad content, said once
         raise BundleError("invalid-bundle", f"{Path(path).name} is not a readable GGUF file: {e}") from None
-    header["metadata"] = {k: v for k, v in header["metadata"].items() if k != "tokenizer.chat_template"}
-    return header
+
+
+# The type each tokenizer field must have where present (the GGUF spec's): what llama.cpp and GGUFTokenizer use.
+_FIELD_TYPES = {"tokenizer.ggml.model": str, "tokenizer.ggml.pre": str, "tokenizer.ggml.tokens": list,
+                "tokenizer.ggml.token_type": list, "tokenizer.ggml.merges": list, "tokenizer.ggml.add_bos_token": bool,
+                "tokenizer.ggml.add_eos_token": bool}
+
+
+def _check_types(fields: Mapping, name: str) -> None:
+    """Refuses tokenizer metadata of the wrong type (a string for a token id, numbers for the tokens)."""
+    for key, value in fields.items():
+        want = _FIELD_TYPES.get(key, int)  # the rest are token ids
+        if value is None:
+            continue
+        ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+        if ok and key == "tokenizer.ggml.token_type":
+            ok = all(isinstance(v, int) for v in value)
+        elif ok and want is list:
+            ok = all(isinstance(v, str) for v in value)
+        if not ok:
+            raise BundleError("invalid-bundle", f"{name}: GGUF metadata {key} is {_short(value)}, not of type {want.__name__}")
 
 
 def tokenizer_metadata(header: Mapping) -> dict:
@@ -173,11 +262,83 @@ def difference(target: Mapping, draft: Mapping) -> str | None:
     return None
 
 
-def _probe_ids(path: Path) -> list[list[int]]:
-    import llama_cpp
+def _probe_ids(files: Mapping[str, Path]) -> dict[str, list[list[int]]]:
+    """The probe set through each file's own llama.cpp tokenizer (vocabulary only), in one child process."""
+    from runner.engines import llamacpp
 
-    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    return [llm.tokenize(p.encode(), add_bos=True, special=True) for p in PROBES]
+    def probe() -> dict[str, list[list[int]]]:
+        out = {}
+        for role, path in files.items():
+            os.write(2, f"{_DOING}{Path(path).name}\n".encode())  # the log names the file if llama.cpp aborts
+            out[role] = llamacpp.vocab_tokenize(path, list(PROBES))
+        return out
+
+    return _in_child(probe)
+
+
+_DOING = "specbundle: reading the vocabulary of "
+
+
+def _in_child(work: Callable[[], Any]) -> Any:
+    """work() in a forked child, its result back by pipe. Why: this is llama.cpp's first contact with a file
+    that may be hostile, and llama.cpp aborts the whole process on some malformed vocabularies (GGML_ASSERT,
+    e.g. two equal tokens); here that is BundleError("invalid-bundle") with its assertion, not a dead `bundle`."""
+    import llama_cpp  # noqa: F401 - loaded once here, so the child does not import it again
+
+    deadline = time.monotonic() + CHILD_SECONDS
+    with tempfile.TemporaryFile() as log:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            try:
+                os.close(r)
+                for fd in (1, 2):  # llama.cpp's output and abort message go here, not to the user's terminal
+                    os.dup2(log.fileno(), fd)
+                faulthandler.disable()  # (pytest's and PYTHONFAULTHANDLER's dump would go to the terminal)
+                os.environ["GGML_NO_BACKTRACE"] = "1"  # else ggml's abort attaches gdb, where installed, for seconds
+                try:
+                    reply = ("ok", work())
+                except BundleError as err:
+                    reply = ("error", err.code, err.message)
+                except BaseException as err:  # noqa: BLE001 - reported by the parent as what it is
+                    reply = ("error", "internal", f"{type(err).__name__}: {err}")
+                with os.fdopen(w, "wb") as out:
+                    pickle.dump(reply, out)
+            finally:
+                os._exit(0)
+        os.close(w)
+        data, status = b"", None
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+                chunk = os.read(r, 1 << 20) if ready else b""
+                if ready and not chunk:
+                    break
+                data += chunk
+            else:
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            os.close(r)
+            status = os.waitpid(pid, 0)[1]
+        size = log.seek(0, os.SEEK_END)
+        log.seek(max(0, size - (1 << 20)))  # the end of what it said: the file it was at, the assertion
+        said = [line.strip() for line in log.read().decode("utf-8", "replace").splitlines()]
+        doing = next((line.removeprefix("specbundle: ") for line in reversed(said) if line.startswith(_DOING)),
+                     "reading a vocabulary")
+        if os.WIFSIGNALED(status):
+            why = next((line for line in said if "GGML_ASSERT" in line), "") or next(
+                (line for line in said if "error" in line.lower()), "")
+            why = why.rsplit("/", 1)[-1] if "GGML_ASSERT" in why else why  # from the source file's name on
+            if os.WTERMSIG(status) == signal.SIGKILL and time.monotonic() >= deadline:
+                raise BundleError("invalid-bundle", f"llama.cpp took over {CHILD_SECONDS} s {doing}")
+            raise BundleError("invalid-bundle", f"llama.cpp crashed {doing} ({signal.Signals(os.WTERMSIG(status)).name}"
+                              + (f": {why[:200]}" if why else "") + ")")
+    if not data:
+        raise BundleError("invalid-bundle", f"llama.cpp ended without an answer {doing} (exit status {status})")
+    reply = pickle.loads(data)
+    if reply[0] == "ok":
+        return reply[1]
+    raise BundleError(reply[1], reply[2])
 
 
 def check_tokenizers(files: Mapping[str, Path], headers: Mapping[str, Mapping]) -> str:
@@ -187,10 +348,13 @@ def check_tokenizers(files: Mapping[str, Path], headers: Mapping[str, Mapping]) 
     target, draft = tokenizer_metadata(headers["target"]), tokenizer_metadata(headers["draft"])
     if target["tokenizer.ggml.tokens"] is None:
         raise BundleError("invalid-bundle", f"{files['target'].name} carries no tokenizer")
+    for role, fields in (("target", target), ("draft", draft)):
+        _check_types(fields, files[role].name)
     found = difference(target, draft)
     if found:
         raise BundleError("tokenizer-mismatch", found)
-    for probe, a, b in zip(PROBES, _probe_ids(files["target"]), _probe_ids(files["draft"])):
+    ids = _probe_ids(files)
+    for probe, a, b in zip(PROBES, ids["target"], ids["draft"]):
         if a != b:
             raise BundleError("tokenizer-mismatch", f"probe {probe!r} encodes to {a} on the target, {b} on the draft")
     return fingerprint(target)
@@ -213,7 +377,7 @@ def check_pairing(headers: Mapping[str, Mapping], params: Mapping) -> dict:
     if arch["target"] != arch["draft"] and not params.get("allow_cross_family", False):
         raise BundleError("model-family", f"target is {arch['target']}, draft is {arch['draft']}: different model "
                           "families (set speculative.allow_cross_family in the Kitfile to allow)")
-    vocab = {role: headers[role]["tensors"].get("token_embd.weight", ((0, 0), 0))[0][-1] for role in arch}
+    vocab = {role: (headers[role]["tensors"].get("token_embd.weight", ((0,), 0))[0] or (0,))[-1] for role in arch}
     if vocab["target"] != vocab["draft"]:
         raise BundleError("model-family", f"target embeds {vocab['target']} tokens, draft {vocab['draft']}")
     counts = {role: parameters(headers[role]) for role in arch}
@@ -226,6 +390,14 @@ def check_pairing(headers: Mapping[str, Mapping], params: Mapping) -> dict:
             "draft_parameters": counts["draft"], "size_ratio": ratio}
 
 
+def _count(metadata: Mapping, key: str, default: int) -> int:
+    """A size from the metadata (a layer or head count): a non-negative integer, else the file is refused."""
+    value = metadata.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BundleError("invalid-bundle", f"GGUF metadata {key} is {_short(value)}, not a count")
+    return value
+
+
 def estimate_memory(headers: Mapping[str, Mapping], n_ctx: int) -> dict:
     """Weights (tensor bytes as stored) plus each model's f16 KV cache for n_ctx positions."""
     weights = sum(b for h in headers.values() for _, b in h["tensors"].values())
@@ -233,8 +405,8 @@ def estimate_memory(headers: Mapping[str, Mapping], n_ctx: int) -> dict:
     for h in headers.values():
         m = h["metadata"]
         arch = m.get("general.architecture", "llama")
-        layers, embd = int(m.get(f"{arch}.block_count", 0)), int(m.get(f"{arch}.embedding_length", 0))
-        heads, kv_heads = int(m.get(f"{arch}.attention.head_count", 1)), int(m.get(f"{arch}.attention.head_count_kv", 0))
+        layers, embd = _count(m, f"{arch}.block_count", 0), _count(m, f"{arch}.embedding_length", 0)
+        heads, kv_heads = _count(m, f"{arch}.attention.head_count", 1), _count(m, f"{arch}.attention.head_count_kv", 0)
         kv_width = embd // max(heads, 1) * (kv_heads or heads)
         kv += 2 * layers * n_ctx * kv_width * 2  # K and V, f16
     overhead = 64 * 2**20  # llama.cpp's compute buffers and the binding's (measured order of magnitude)

@@ -25,9 +25,7 @@ class GGUFTokenizer:
     """The target file's own llama.cpp tokenizer (vocabulary only), with the calls run.py's text stream uses."""
 
     def __init__(self, path: Path, metadata: Mapping) -> None:
-        import llama_cpp
-
-        self.llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        self.llm = llamacpp.open_llama(path, vocab_only=True)
         self.metadata = metadata
         self.eos_token_id = metadata.get("tokenizer.ggml.eos_token_id")
         self.special = {i for i, t in enumerate(metadata.get("tokenizer.ggml.token_type") or []) if t == 3}

@@ -8,14 +8,90 @@ logits for every position (a verify pass of k + 1 tokens) and the removal of the
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from bundler.errors import BundleError
+
 N_BATCH = 512  # tokens per llama_decode call (a longer prompt is prefilled in chunks)
+_GGML_LOG_ERROR = 4  # ggml.h ggml_log_level (llama-cpp-python's _logger.py still says 3): the lines that say why
+
+
+@contextlib.contextmanager
+def _errors_logged() -> Iterator[list[str]]:
+    """The error lines llama.cpp logs meanwhile (llama-cpp-python sends its log to a null stderr when not
+    verbose, so the reason a file is refused would be lost); its own log callback is put back after."""
+    import llama_cpp
+    from llama_cpp import _logger
+
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def keep(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        if level == _GGML_LOG_ERROR:
+            lines.append(text.decode("utf-8", "replace").strip())
+
+    llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
+    try:
+        yield lines
+    finally:
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+
+def open_llama(path: str | Path, **kwargs):
+    """llama_cpp.Llama(model_path=path, verbose=False, **kwargs); a file llama.cpp refuses is
+    BundleError("invalid-bundle") with llama.cpp's own reason."""
+    import llama_cpp
+
+    with _errors_logged() as errors:
+        try:
+            return llama_cpp.Llama(model_path=str(path), **{"verbose": False, **kwargs})
+        except ValueError:  # llama-cpp-python's "Failed to load model from file", the cause in the log
+            pass
+    raise _refused(path, errors)
+
+
+def _refused(path: str | Path, errors: list[str]) -> BundleError:
+    reason = next((line for line in errors if line), "no reason given")  # the first line is the cause
+    return BundleError("invalid-bundle", f"llama.cpp cannot load {Path(path).name}: {reason[:300]}")
+
+
+def vocab_tokenize(path: str | Path, texts: list[str]) -> list[list[int]]:
+    """Each text through the file's own tokenizer (bos added as the file says, special tokens parsed), the
+    vocabulary loaded alone: llama.cpp's C API directly, no context (what `Llama(vocab_only=True)`
+    builds around it costs more than the vocabulary itself)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    with _errors_logged() as errors:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise _refused(path, errors)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        out = []
+        for text in texts:
+            raw = text.encode()
+            room = len(raw) + 8  # a token takes a byte at least, plus bos/eos
+            for _ in range(2):
+                buf = (llama_cpp.llama_token * room)()
+                n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, room, True, True)
+                if n >= 0:
+                    break
+                room = -n  # llama.cpp says how many it needs
+            if n < 0:
+                raise BundleError("invalid-bundle", f"llama.cpp cannot tokenize with {Path(path).name}")
+            out.append(list(buf[:n]))
+        return out
+    finally:
+        llama_cpp.llama_model_free(model)
 
 
 def version() -> str:
@@ -36,10 +112,8 @@ class LlamaCppEngine:
 
         self._lib = llama_cpp
         threads = threads or os.cpu_count() or 1
-        self.llm = llama_cpp.Llama(
-            model_path=str(path), n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=threads,
-            n_threads_batch=threads, logits_all=False, verbose=False,
-        )
+        self.llm = open_llama(path, n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=threads,
+                              n_threads_batch=threads, logits_all=False)
         self.threads, self.n_ctx = threads, self.llm.n_ctx()
         self.vocab_size = self.llm.n_vocab()
         self.parameters = int(llama_cpp.llama_model_n_params(self.llm.model))
