@@ -638,7 +638,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
 @main.command()
 @click.argument("ref")
 @click.argument("dst", required=False)
-@click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
+@click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
 @command
 def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
     """Push the store entry REF and its signatures, to DST (HOST[:PORT]/NAME:TAG) or to REF itself; the last line is the manifest digest."""
@@ -655,7 +655,7 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @main.command()
 @click.argument("ref")
 @_trust_options
-@click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
+@click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
 @command
 def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
@@ -675,7 +675,7 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also every *.pub in $BUNDLE_TRUSTED_KEYS.")
 @click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store.")
-@click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (also BUNDLE_PLAIN_HTTP=1).")
+@click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
 @command
 def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_rollback: bool, plain_http: bool) -> None:
     """Pull SRC (bundle://HOST/REPO:TAG), verify it, check it as `run` would and unpack it into DEST with its evidence.
@@ -684,9 +684,8 @@ def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_r
     leaves DEST empty. Serve the result with `bundle serve --from-dir DEST`."""
     from bundler.fetched import fetch as do_fetch
 
-    plain = plain_http or os.environ.get("BUNDLE_PLAIN_HTTP", "") == "1"
     for tick in _progress():
-        result = do_fetch(store, src, Path(dest), _trusted(key_paths), plain_http=plain, allow_rollback=allow_rollback, progress=tick)
+        result = do_fetch(store, src, Path(dest), _trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick)
     click.echo(f"fetched {result.ref} into {result.dest}: {result.files} files, signed by {result.signer}, tokenizer {result.fingerprint}")
     click.echo(result.digest)
 
