@@ -120,7 +120,7 @@ def test_fetch_refuses_a_damaged_registry_copy_and_leaves_dest_empty(tmp_path: P
 
 def test_fetch_refuses_what_run_refuses_and_leaves_dest_empty(registry: Registry, tmp_path: Path, keypair) -> None:
     make_pair(tmp_path / "ctx", speculative={"draft_tokens": 4, "min_size_ratio": 1000})  # a pairing run refuses
-    ref = f"{registry.host}/models/tiny-bad-pair:1.0.0"
+    ref = f"{registry.host}/bad-pair/tiny-spec:1.0.0"
     pack_unchecked(tmp_path / "ctx", ref, tmp_path / "src", keypair[0])  # `bundle pack` refuses it; fetch's refusal is tested
     run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "src"), env=_env(tmp_path), check=True)
     dest = tmp_path / "models"
