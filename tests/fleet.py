@@ -37,10 +37,19 @@ ENTRYPOINT = [sys.executable, "-m", "bundler"]  # the image's ENTRYPOINT ["bundl
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
+_TAKEN: set[int] = set()  # ports this process handed out: never handed out twice
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on now, and not one given out before by this process (bounded tries)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _TAKEN:
+            _TAKEN.add(port)
+            return port
+    raise RuntimeError("no free loopback port")
 
 
 # -- the manifests -----------------------------------------------------------------------------------
@@ -245,7 +254,7 @@ class HAProxy:
     def stats(self) -> dict[str, dict[str, str]]:
         """haproxy's own CSV stats, by server name (backend `pods`)."""
         text = requests.get(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=5).text.lstrip("# ")
-        return {row["svname"]: row for row in csv.DictReader(io.StringIO(text)) if row["pxname"] == "pods"}
+        return {row["svname"]: row for row in csv.DictReader(io.StringIO(text)) if row["pxname"] == "pods" and row["svname"] != "BACKEND"}
 
     def up(self) -> set[str]:
         return {name for name, row in self.stats().items() if row["status"].startswith("UP")}
