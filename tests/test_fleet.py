@@ -141,6 +141,11 @@ def test_the_fleet_serves_only_verified_replicas_and_prometheus_sees_each_digest
         rate = prom.scalar("sum(specbundle_accepted_tokens_total) / sum(specbundle_draft_tokens_total)")
         assert sums["specbundle_draft_tokens_total"] > 0
         assert rate == pytest.approx(sums["specbundle_accepted_tokens_total"] / sums["specbundle_draft_tokens_total"])
+        # The acceptance per served digest, as docs/deploy.md writes it (counters joined to bundle_info's digest).
+        per_digest = prom.query(
+            "sum by (digest) (specbundle_accepted_tokens_total * on(instance) group_left(digest) specbundle_bundle_info)"
+            " / sum by (digest) (specbundle_draft_tokens_total * on(instance) group_left(digest) specbundle_bundle_info)")
+        assert [(r["metric"]["digest"], pytest.approx(float(r["value"][1]))) for r in per_digest] == [(world.digests["1.0.0"], rate)]
 
 
 def test_a_rollback_is_refused_unless_the_manifest_allows_it(world: World) -> None:
