@@ -138,6 +138,17 @@ def _load(url: str, requests: int, max_tokens: int, on_progress: Any = None) -> 
     }
 
 
+def _peak_rss_mib(pod: Pod) -> float | None:
+    """The replica process's peak resident memory so far (VmHWM), in MiB."""
+    try:
+        for line in Path(f"/proc/{pod.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="the tiny test pair instead of the demo bundle")
@@ -186,6 +197,7 @@ def main() -> None:
                     killed["at_request"] = n
                     victim.proc.send_signal(signal.SIGKILL)
 
+            result["replica_peak_rss_mib"] = {p.name: _peak_rss_mib(p) for p in pods}  # sizes the pods' memory
             result["fleet_one_killed"] = _load(lb.url, args.requests, args.max_tokens, on_progress=kill_at_a_third)
             result["fleet_one_killed"]["killed"] = {"replica": victim.name, **killed,
                                                      "lost_beyond_in_flight": max(0, result["fleet_one_killed"]["failed"] - killed.get("in_flight", 0))}

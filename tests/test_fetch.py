@@ -162,18 +162,26 @@ def _predictor(dest: Path, keys_dir: Path, api_key_dir: Path, port: int) -> subp
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _fetched(pushed, tmp_path: Path, keypair) -> tuple[Path, Path, Path]:
-    dest, keys_dir = tmp_path / "models", _keys_dir(tmp_path, keypair[1])
-    result = _storage_initializer(pushed["uri"], dest, _env(tmp_path, keys_dir))
+@pytest.fixture(scope="module")
+def fetched_once(pushed, tmp_path_factory: pytest.TempPathFactory, keypair) -> Path:
+    """The pushed bundle fetched once by the storage initializer; each test works on its own copy."""
+    base = tmp_path_factory.mktemp("fetched")
+    result = _storage_initializer(pushed["uri"], base / "models", _env(base, _keys_dir(base, keypair[1])))
     assert result.returncode == 0, result.stderr
+    return base / "models"
+
+
+def _fetched(fetched_once: Path, tmp_path: Path, keypair) -> tuple[Path, Path, Path]:
+    dest, keys_dir = tmp_path / "models", _keys_dir(tmp_path, keypair[1])
+    shutil.copytree(fetched_once, dest)
     api = tmp_path / "api-key"
     api.mkdir()
     (api / "key").write_text("fleet-key\n")
     return dest, keys_dir, api
 
 
-def test_serve_from_dir_serves_the_fetched_digest(pushed, tmp_path: Path, keypair) -> None:
-    dest, keys_dir, api = _fetched(pushed, tmp_path, keypair)
+def test_serve_from_dir_serves_the_fetched_digest(pushed, fetched_once: Path, tmp_path: Path, keypair) -> None:
+    dest, keys_dir, api = _fetched(fetched_once, tmp_path, keypair)
     port = free_port()
     proc = _predictor(dest, keys_dir, api, port)
     url = f"http://127.0.0.1:{port}"
@@ -218,8 +226,8 @@ def _flip(path: Path) -> None:
     ("no-evidence", "missing-file"),
     ("evidence-of-another-manifest", "digest-mismatch"),
 ])
-def test_serve_from_dir_refuses_a_directory_that_differs_from_its_evidence(pushed, tmp_path: Path, keypair, damage: str, code: str) -> None:
-    dest, keys_dir, _ = _fetched(pushed, tmp_path, keypair)
+def test_serve_from_dir_refuses_a_directory_that_differs_from_its_evidence(fetched_once: Path, tmp_path: Path, keypair, damage: str, code: str) -> None:
+    dest, keys_dir, _ = _fetched(fetched_once, tmp_path, keypair)
     if damage == "tampered-weights":
         _flip(dest / "draft" / "model.safetensors")
     elif damage == "extra-file":
@@ -237,8 +245,8 @@ def test_serve_from_dir_refuses_a_directory_that_differs_from_its_evidence(pushe
     assert "Traceback" not in result.err
 
 
-def test_serve_from_dir_refuses_an_untrusted_signer(pushed, tmp_path: Path, keypair, other_keypair) -> None:
-    dest, _, _ = _fetched(pushed, tmp_path, keypair)
+def test_serve_from_dir_refuses_an_untrusted_signer(fetched_once: Path, tmp_path: Path, keypair, other_keypair) -> None:
+    dest, _, _ = _fetched(fetched_once, tmp_path, keypair)
     result = run_bundle("serve", "--from-dir", str(dest), "--port", str(free_port()),
                         env={"BUNDLE_TRUSTED_KEYS": str(_keys_dir(tmp_path, other_keypair[1], "other"))})
     assert result.code == 3 and result.err.startswith("error: [untrusted-signer]"), result.err
