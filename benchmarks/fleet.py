@@ -114,6 +114,8 @@ def _load(url: str, requests: int, max_tokens: int, on_progress: Any = None) -> 
         result = _request(url, i, max_tokens)
         with lock:
             done.append(result)
+            if len(done) % CLIENTS == 0:
+                print(f"  {len(done)}/{requests} requests", file=sys.stderr, flush=True)
             if on_progress:
                 on_progress(len(done))
 

@@ -285,8 +285,9 @@ def haproxy_config(manifests: Manifests, slots: Mapping[str, int], port: int, st
     lines = [
         "global", "  maxconn 512",
         "defaults", "  mode http", "  timeout connect 2s", "  timeout client 300s", "  timeout server 300s",
-        # A connection refused (a pod going away) is retried on another server; a request that reached a pod
-        # that then died is not (POST is not idempotent): the client sees a 502 for it.
+        # A connection refused (a pod going away) is retried on another server, and so is a request whose pod
+        # closed the connection without answering anything (haproxy buffers it for that); one whose response had
+        # begun when the pod died cannot be: the client sees a 502 for it.
         "  retries 3", "  option redispatch 1", "  retry-on conn-failure empty-response",
         f"  timeout check {probe.get('timeoutSeconds', 1)}s",
         "frontend fleet", f"  bind 127.0.0.1:{port}", "  default_backend pods",
