@@ -23,10 +23,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The tests start a real OCI registry (Debian's docker-registry) and read stores with skopeo.
+# The tests start a real OCI registry (Debian's docker-registry) and read stores with skopeo; the fleet test
+# (tests/test_fleet.py) puts haproxy in front of the replicas and scrapes them with prometheus.
 sysdeps:
-	@if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null || ! command -v tar >/dev/null || ! command -v chromium >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry skopeo tar chromium >/dev/null; \
+	@if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null || ! command -v tar >/dev/null || ! command -v chromium >/dev/null \
+		|| ! command -v haproxy >/dev/null || ! command -v prometheus >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry skopeo tar chromium haproxy prometheus >/dev/null; \
 	fi
 
 # Sigstore's own JavaScript verifier and signer for tests/test_cosign_js.py, pinned by tests/js/package-lock.json.

@@ -600,11 +600,13 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 
 
 @main.command()
-@click.argument("ref")
+@click.argument("ref", required=False)
+@click.option("--from-dir", type=click.Path(file_okay=False), help="Serve a directory `bundle fetch` filled (checked against its evidence first) instead of REF.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless you say otherwise).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key clients must send as `Authorization: Bearer <key>`.")
+@click.option("--open-probes", is_flag=True, help="GET /health and /metrics answer without the API key (Kubernetes probes and Prometheus scrapes send none).")
 @click.option("--max-queue", default=16, show_default=True, type=click.IntRange(1, 4096), help="Requests that may wait; more answer 429.")
 @click.option("--time-limit", default=300.0, show_default=True, type=click.FloatRange(0.1), help="Seconds a request may take (queue included).")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
@@ -613,10 +615,15 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 @click.option("--memory-budget", callback=_memory_budget, help="Memory the pair may use: 300MB, 2GiB or bytes (default: available memory).")
 @click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
 @command
-def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
-          time_limit: float, attest_key: str | None, **options: Any) -> None:
+def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
+          time_limit: float, attest_key: str | None, open_probes: bool, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
     from bundler.serve import serve_bundle
+
+    if (ref is None) == (from_dir is None):
+        raise BundleError("usage", "give either REF or --from-dir DIR")
+    if from_dir and attest_key:
+        raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
 
     api_key = None
     if api_key_file:
@@ -637,8 +644,9 @@ def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ..
         click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
 
     try:
-        serve_bundle(store, parse_ref(ref), _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
-                     time_limit_s=time_limit, on_ready=ready, on_record=records.attach if records else None, **options)
+        serve_bundle(store, parse_ref(ref) if ref else None, _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
+                     time_limit_s=time_limit, on_ready=ready, on_record=records.attach if records else None,
+                     from_dir=Path(from_dir) if from_dir else None, open_probes=open_probes, **options)
     finally:
         written = records.close() if records else None
         if written:
@@ -648,7 +656,7 @@ def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ..
 @main.command()
 @click.argument("ref")
 @click.argument("dst", required=False)
-@click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
+@click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
 @command
 def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
     """Push the store entry REF and its signatures, to DST (HOST[:PORT]/NAME:TAG) or to REF itself; the last line is the manifest digest."""
@@ -666,7 +674,7 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @main.command()
 @click.argument("ref")
 @_trust_options
-@click.option("--plain-http", is_flag=True, help="Speak HTTP, not HTTPS (a registry on loopback).")
+@click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
 @command
 def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
@@ -682,6 +690,26 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
     if result.records_dropped:
         records += f"; {result.records_dropped} more run record(s) not kept (at most {MAX_RECORDS} per bundle, trusted first: docs/security.md)"
     click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}{records}")
+    click.echo(result.digest)
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also every *.pub in $BUNDLE_TRUSTED_KEYS.")
+@click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store.")
+@click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
+@command
+def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_rollback: bool, plain_http: bool) -> None:
+    """Pull SRC (bundle://HOST/REPO:TAG), verify it, check it as `run` would and unpack it into DEST with its evidence.
+
+    The KServe storage-initializer contract: two arguments, everything else from the environment. Any refusal
+    leaves DEST empty. Serve the result with `bundle serve --from-dir DEST`."""
+    from bundler.fetched import fetch as do_fetch
+
+    for tick in _progress():
+        result = do_fetch(store, src, Path(dest), _trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick)
+    click.echo(f"fetched {result.ref} into {result.dest}: {result.files} files, signed by {result.signer}, tokenizer {result.fingerprint}")
     click.echo(result.digest)
 
 

@@ -324,8 +324,8 @@ class Guard:
     constant time, never logged). Pure ASGI rather than BaseHTTPMiddleware so streams and disconnects pass
     through untouched."""
 
-    def __init__(self, app: Any, digest: str, api_key: str | None):
-        self.app, self.digest, self.api_key = app, digest.encode(), api_key
+    def __init__(self, app: Any, digest: str, api_key: str | None, open_paths: tuple[str, ...] = ()):
+        self.app, self.digest, self.api_key, self.open_paths = app, digest.encode(), api_key, open_paths
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -337,7 +337,7 @@ class Guard:
             await send(message)
 
         # The status page itself holds no data (it fetches it with the key), so it loads without one.
-        if self.api_key is not None and scope["path"] not in ("/", "/favicon.ico") and not scope["path"].startswith("/static/"):
+        if self.api_key is not None and scope["path"] not in ("/", "/favicon.ico", *self.open_paths) and not scope["path"].startswith("/static/"):
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             expected = b"Bearer " + self.api_key.encode()
             if not hmac.compare_digest(given, expected):
@@ -350,8 +350,11 @@ class Guard:
         await self.app(scope, receive, send_with_digest)
 
 
-def build_app(engine: Engine, api_key: str | None = None) -> Any:
-    """The FastAPI app over a running Engine."""
+OPEN_PROBE_PATHS = ("/health", "/metrics")  # with open_probes: what Kubernetes probes and Prometheus scrapes read
+
+
+def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = False) -> Any:
+    """The FastAPI app over a running Engine; open_probes lets GET /health and /metrics answer without the API key."""
     app = FastAPI(title="specbundle", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
@@ -488,7 +491,7 @@ def build_app(engine: Engine, api_key: str | None = None) -> Any:
         body = await _body(request)
         return await _generate(request, body, _chat_prompt(body, engine), chat=True)
 
-    return Guard(app, engine.info["digest"], api_key)
+    return Guard(app, engine.info["digest"], api_key, OPEN_PROBE_PATHS if open_probes else ())
 
 
 def verify_checks(report: Any) -> list[str]:
@@ -518,12 +521,16 @@ def serve_bundle(
     store: Any, ref: Any, trusted: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8000,
     api_key: str | None = None, max_queue: int = 16, time_limit_s: float = REQUEST_TIME_LIMIT_S,
     on_ready: Callable[[dict[str, Any]], None] | None = None, on_record: Callable[..., Any] | None = None,
-    **options: Any,
+    from_dir: Path | None = None, open_probes: bool = False, **options: Any,
 ) -> None:
     """Verify, gate, pair, preflight and load exactly as `bundle run` does (raising the same BundleError before
-    the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first."""
+    the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first.
+
+    from_dir: a directory `bundle fetch` filled, served instead of `ref` from the store once its evidence and
+    every file's hash hold (bundler.fetched)."""
     import uvicorn
 
+    from bundler.fetched import loaded_dir
     from bundler.runbundle import loaded_bundle
 
     # One thread loads the pair and then decodes with it; the main thread only runs the event loop. Why not
@@ -534,8 +541,11 @@ def serve_bundle(
 
     def own_the_models() -> None:
         try:
-            with loaded_bundle(store, ref, trusted, (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS), **options) as (pair, info, report):
-                engine = Engine(pair, info, verify_checks(report), max_queue, time_limit_s,
+            context = (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS)
+            loaded = loaded_dir(from_dir, trusted, context, **options) if from_dir else loaded_bundle(store, ref, trusted, context, **options)
+            with loaded as (pair, info, report):
+                checks = report if from_dir else verify_checks(report)
+                engine = Engine(pair, info, checks, max_queue, time_limit_s,
                                 on_record=on_record(report, pair) if on_record else None)
                 handoff.put(engine)
                 engine.work()
@@ -546,7 +556,7 @@ def serve_bundle(
     engine = handoff.get()
     if isinstance(engine, BaseException):
         raise engine
-    app = build_app(engine, api_key)
+    app = build_app(engine, api_key, open_probes)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=int(min(time_limit_s, 60)), lifespan="off")
     server = _server_class()(config)
