@@ -100,7 +100,7 @@ def main() -> None:
     from bundler.keys import load_public_key, trusted_keys
     from bundler.modelkit import load_modelkit
     from bundler.refs import parse_ref
-    from bundler.sign import find_signatures
+    from bundler.referrers import find_signatures
     from bundler.store import Store
     from bundler.verify import verify_bundle
 

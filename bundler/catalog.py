@@ -9,7 +9,7 @@ from typing import Any
 from bundler import signature
 from bundler.errors import BundleError
 from bundler.refs import Ref
-from bundler.sign import find_signatures
+from bundler.referrers import find_signatures
 from bundler.store import REF_NAME, Store
 
 

@@ -17,9 +17,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from bundler.kitfile import Kitfile, LayerSpec
-from bundler.metadatacheck import check_roles
 from bundler.layerread import LayerScan
+from bundler.metadatacheck import check_roles
+from bundler.runbundle import runner_params
 from bundler.store import Store
+from bundler.verify import check_layer_roles
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,9 @@ def _scans(root: Path, kitfile: Kitfile) -> dict[str, LayerScan]:
 def check_content(root: Path, kitfile: Kitfile) -> ContentReport:
     """Every check verify and run make on content without a signature or the machine: raises the BundleError
     (with the code) that verify or run would raise for it; returns what they found."""
-    from bundler.runbundle import runner_params
-    from bundler.verify import _roles
     from runner.gguf_model import bundle_format
 
-    _roles(SimpleNamespace(layers=[(spec, None) for spec in kitfile.layers]), _scans(root, kitfile))  # type: ignore[arg-type]
+    check_layer_roles(SimpleNamespace(layers=[(spec, None) for spec in kitfile.layers]), _scans(root, kitfile))  # type: ignore[arg-type]
     check_roles(Path(root), kitfile.role_paths())  # a downloaded model directory is untrusted: bounded before it is read
     roles = kitfile.role_paths()
     params = runner_params(kitfile.parameters)

@@ -26,9 +26,10 @@ from typing import Any, Iterator, Mapping
 from bundler import boundedjson, signature
 from bundler.errors import BundleError
 from bundler.kitfile import Kitfile, kitfile_from_data
-from bundler.modelkit import _strip_layer_info
+from bundler.modelkit import strip_layer_info
 from bundler.refs import Ref, parse_ref
 from bundler.store import MAX_JSON_BLOB, Store
+from bundler.verify import check_expiry, check_files
 
 SCHEME = "bundle://"  # the storage URI prefix the ClusterStorageContainer (deploy/kserve/) claims
 EVIDENCE = ".specbundle"  # beside the bundle's files in DEST: what fetch verified, for serve --from-dir
@@ -171,8 +172,6 @@ def checked_dir(root: Path, trusted: Mapping[str, Any], now: dt.datetime | None 
     The signature must verify with a trusted key over sha256(manifest.json), name the Kitfile's package and
     version, and not be expired; the config must be the manifest's; the files below root must be exactly the
     signed ones, each with its signed sha256."""
-    from bundler.verify import _expiry, _files
-
     root = Path(root)
     if not root.is_dir():
         raise BundleError("usage", f"--from-dir {root}: not a directory")
@@ -182,15 +181,15 @@ def checked_dir(root: Path, trusted: Mapping[str, Any], now: dt.datetime | None 
     config_digest = manifest.get("config", {}).get("digest") if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict) else None
     if config_digest != "sha256:" + hashlib.sha256(config_bytes).hexdigest():
         raise BundleError("digest-mismatch", f"{EVIDENCE}/{CONFIG} is not the config the manifest {digest[:19]}… names")
-    kitfile = kitfile_from_data(_strip_layer_info(boundedjson.loads(config_bytes, f"{EVIDENCE}/{CONFIG}")), f"{EVIDENCE}/{CONFIG}")
+    kitfile = kitfile_from_data(strip_layer_info(boundedjson.loads(config_bytes, f"{EVIDENCE}/{CONFIG}")), f"{EVIDENCE}/{CONFIG}")
     claims = signature.verify(sig, trusted)
     if claims.bundle.get("manifest_digest") != digest:
         raise BundleError("signature-mismatch", f"the signature is over manifest {str(claims.bundle.get('manifest_digest'))[:19]}…, the evidence is {digest[:19]}…")
     if (claims.bundle.get("name"), claims.bundle.get("version")) != (kitfile.name, kitfile.version):
         raise BundleError("signature-mismatch", f"the signature is for {claims.bundle.get('name')} {claims.bundle.get('version')}, the config is {kitfile.name} {kitfile.version}")
-    _expiry(claims, now or dt.datetime.now(dt.timezone.utc))
+    check_expiry(claims, now or dt.datetime.now(dt.timezone.utc))
     on_disk = _files_on_disk(root)
-    _files({p: 0 for p in on_disk}, claims)  # exactly the signed names: missing-file, extra-file, tampered
+    check_files({p: 0 for p in on_disk}, claims)  # exactly the signed names: missing-file, extra-file, tampered
     with ThreadPoolExecutor(HASH_WORKERS) as pool:
         hashes = dict(zip(on_disk, pool.map(_sha256, on_disk.values())))
     for path in sorted(on_disk):

@@ -14,7 +14,7 @@ from bundler.errors import BundleError
 from bundler.layerread import TOKENIZER_FILES
 from bundler.modelkit import ModelKit, load_modelkit
 from bundler.refs import Ref
-from bundler.sign import find_signatures
+from bundler.referrers import find_signatures
 from bundler.store import Store
 from bundler.tarlayer import iter_layer
 from bundler.verify import verify_bundle

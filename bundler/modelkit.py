@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from bundler.kitfile import Kitfile, LayerSpec, kitfile_from_data
 from bundler.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, layer_kind, parse_descriptor
 from bundler.refs import Ref
 from bundler.store import Store
+from bundler.tarlayer import iter_layer
 
 _LAYER_INFO = ("digest", "diffId")
 
@@ -31,7 +33,7 @@ class ModelKit:
         return self.manifest_desc.digest
 
 
-def _strip_layer_info(config: Any) -> Any:
+def strip_layer_info(config: Any) -> Any:
     """The config without the digest and diffId kit adds to each entry: the Kitfile as written.
 
     Only the entries kit annotates, not recursively: a hostile config may be nested thousands deep.
@@ -75,7 +77,7 @@ def load_modelkit(store: Store, ref: Ref) -> ModelKit:
     if config_desc.media_type != MODELKIT_CONFIG:
         raise BundleError("invalid-bundle", f"{ref}: config media type {config_desc.media_type!r} is not a ModelKit config")
     _, config = store.read_json_blob(config_desc)
-    kitfile = kitfile_from_data(_strip_layer_info(config), f"{ref} config")
+    kitfile = kitfile_from_data(strip_layer_info(config), f"{ref} config")
     if not isinstance(manifest.get("layers", []), list):
         raise BundleError("invalid-bundle", f"{ref}: manifest layers is not a list")
     by_digest: dict[str, Descriptor] = {}
@@ -102,3 +104,21 @@ def load_modelkit(store: Store, ref: Ref) -> ModelKit:
     if by_digest:
         raise BundleError("invalid-bundle", f"{ref}: layer {next(iter(by_digest))} is not named by any Kitfile entry")
     return ModelKit(ref, desc, manifest, config_desc, config, kitfile, layers)
+
+
+
+def file_hashes(store: Store, mk: ModelKit) -> tuple[dict[str, str], dict[str, str]]:
+    """(path -> sha256, path -> role) of every file in the bundle, read from its layers."""
+    hashes: dict[str, str] = {}
+    roles: dict[str, str] = {}
+    for spec, desc in mk.layers:
+        with open(store.blob_path(desc.digest), "rb") as f:
+            for member, content in iter_layer(f, spec.path):
+                if member.kind != "file" or content is None:
+                    continue
+                h = hashlib.sha256()
+                while chunk := content.read(1 << 20):
+                    h.update(chunk)
+                hashes[member.name] = h.hexdigest()
+                roles[member.name] = spec.role
+    return hashes, roles

@@ -12,7 +12,7 @@ from bundler.errors import BundleError
 from bundler.kitfile import Kitfile, LayerSpec, load_kitfile
 from bundler.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, build_config, build_manifest, layer_media_type
 from bundler.refs import Ref
-from bundler.sign import check_new_release, signed_releases
+from bundler.releases import check_new_release, signed_releases
 from bundler.store import Staging, Store
 from bundler.tarlayer import LayerResult, write_layer
 

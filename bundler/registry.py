@@ -33,14 +33,15 @@ import oras.auth.utils
 import requests
 import urllib3
 
-from bundler import boundedjson, cosign, credentials, recordlimits, runrecord, signature
+from bundler import boundedjson, cosign, credentials, recordlimits, releases, runrecord, signature
 from bundler.errors import BundleError
 from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
 from bundler.modelkit import load_modelkit
 from bundler.refs import Ref
-from bundler.sign import damaged_signatures, find_legacy_signatures, find_signatures
+from bundler.referrers import damaged_signatures, find_legacy_signatures, find_signatures
 from bundler.store import MAX_JSON_BLOB, Store
-from bundler.verify import MAX_SIGNATURES, ROLLBACK_STATE, signed_before_download, verify_bundle, version_key
+from bundler.releases import ROLLBACK_STATE
+from bundler.verify import MAX_SIGNATURES, signed_before_download, verify_bundle
 
 Progress = Callable[[str, int], None]
 
@@ -65,13 +66,22 @@ def _env_number(name: str, default: float) -> float:
     return value
 
 
-# Bounds on a registry that stalls or trickles (each configurable): a read waits at most READ_TIMEOUT s;
-# after the first MIN_RATE_GRACE s a download must average at least MIN_RATE bytes/s; GET and HEAD are
-# retried RETRIES times on a 5xx or a dropped connection, with exponential backoff, then exit 5.
-READ_TIMEOUT = _env_number("BUNDLE_READ_TIMEOUT", 60)
-MIN_RATE = _env_number("BUNDLE_MIN_RATE", 10 << 10)
-MIN_RATE_GRACE = _env_number("BUNDLE_MIN_RATE_GRACE", 30)
-RETRIES = int(_env_number("BUNDLE_RETRIES", 3))
+@dataclass(frozen=True)
+class Bounds:
+    """Bounds on a registry that stalls or trickles: a read waits at most `read_timeout` s; after the first
+    `min_rate_grace` s a download must average at least `min_rate` bytes/s; GET and HEAD are retried
+    `retries` times on a 5xx or a dropped connection, with exponential backoff, then exit 5."""
+
+    read_timeout: float = 60
+    min_rate: float = 10 << 10
+    min_rate_grace: float = 30
+    retries: int = 3
+
+    @classmethod
+    def from_env(cls) -> "Bounds":
+        """The bounds as the environment sets them now (read when a client is made, not at import)."""
+        return cls(_env_number("BUNDLE_READ_TIMEOUT", cls.read_timeout), _env_number("BUNDLE_MIN_RATE", cls.min_rate),
+                   _env_number("BUNDLE_MIN_RATE_GRACE", cls.min_rate_grace), int(_env_number("BUNDLE_RETRIES", cls.retries)))
 BACKOFF = 0.25
 SIG_TYPE = signature.SIGSTORE_BUNDLE_MEDIA_TYPE
 MANIFEST_ACCEPT = f"{OCI_MANIFEST}, {OCI_INDEX}"
@@ -144,7 +154,7 @@ class Client:
     challenge with its token backend. From oras we take the bearer-token exchange.
     """
 
-    def __init__(self, ref: Ref, plain_http: bool = False, creds: credentials.Credentials | None = None) -> None:
+    def __init__(self, ref: Ref, plain_http: bool = False, creds: credentials.Credentials | None = None, bounds: Bounds | None = None) -> None:
         if not ref.registry:
             raise BundleError("usage", f"{ref} names no registry: use HOST[:PORT]/NAME:TAG (for example 127.0.0.1:5000/org/model:v1)")
         self.ref = ref
@@ -156,6 +166,7 @@ class Client:
         self.scheme = "http" if plain_http else "https"
         self.base = f"{self.scheme}://{self.host}/v2/{ref.repository}"
         self.creds = creds
+        self.bounds = bounds or Bounds.from_env()
         self._auth: str | None = None  # the Authorization value that last worked
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -212,12 +223,12 @@ class Client:
 
     def _send(self, method: str, url: str, hdrs: dict[str, str], body: Callable[[], Any] | None, params: Mapping[str, str] | None, stream: bool, what: str) -> requests.Response:
         """One request; GET and HEAD retried on a 5xx or a dropped connection (bounded, with backoff)."""
-        retries = RETRIES if method in ("GET", "HEAD") else 0
+        retries = self.bounds.retries if method in ("GET", "HEAD") else 0
         for n in range(retries + 1):
             try:
                 resp = self._session().request(
                     method, url, headers=hdrs, data=body() if body else None, params=params, stream=stream,
-                    timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), allow_redirects=True,
+                    timeout=(CONNECT_TIMEOUT, self.bounds.read_timeout), allow_redirects=True,
                 )
             except requests.exceptions.SSLError as exc:
                 raise BundleError("registry-unreachable", f"TLS to {self.host} failed ({_reason(exc)}); for a plain-HTTP registry on loopback pass --plain-http") from None
@@ -686,9 +697,10 @@ class _Downloader:
                     started = time.monotonic()
                     # read1: returns what one socket read brings, so a trickle cannot hold us inside one read.
                     while data := resp.raw.read1(READ):
-                        if time.monotonic() - started > MIN_RATE_GRACE and got / (time.monotonic() - started) < MIN_RATE:
+                        bounds = self.client.bounds
+                        if time.monotonic() - started > bounds.min_rate_grace and got / (time.monotonic() - started) < bounds.min_rate:
                             f.flush()
-                            raise BundleError("registry-unreachable", f"{what} from {self.client.host}: {got} bytes in {time.monotonic() - started:.0f} s, under the minimum rate of {MIN_RATE:.0f} bytes/s (BUNDLE_MIN_RATE, BUNDLE_MIN_RATE_GRACE); run the pull again to resume")
+                            raise BundleError("registry-unreachable", f"{what} from {self.client.host}: {got} bytes in {time.monotonic() - started:.0f} s, under the minimum rate of {bounds.min_rate:.0f} bytes/s (BUNDLE_MIN_RATE, BUNDLE_MIN_RATE_GRACE); run the pull again to resume")
                         if self.stop.is_set():
                             raise BundleError("registry", f"{what}: stopped because another transfer failed")
                         if have + len(data) > desc.size:
@@ -723,18 +735,6 @@ def _place(src: Path, dst: Path) -> None:
         shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
 
-
-def _merge_versions(mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
-    """Rollback memory after a pull: what the store knew, plus what verifying the pulled bundle recorded."""
-    out = dict(mine)
-    for key, seen in theirs.items():
-        old = out.get(key)
-        if not old:
-            out[key] = seen
-            continue
-        highest = max((v for v in (old.get("highest"), seen.get("highest")) if v), key=version_key, default=None)
-        out[key] = {"highest": highest, "digests": {**seen.get("digests", {}), **old.get("digests", {})}}
-    return out
 
 
 def pull(
@@ -849,7 +849,7 @@ def pull(
             for record_desc, _, _ in records:
                 store.add_untagged(record_desc, runrecord.ARTIFACT_TYPE)
             store.tag(ref, manifest_desc)
-            store.write_state(ROLLBACK_STATE, _merge_versions(store.state(ROLLBACK_STATE), tmp.state(ROLLBACK_STATE)))
+            store.write_state(ROLLBACK_STATE, releases.merge(store.state(ROLLBACK_STATE), tmp.state(ROLLBACK_STATE)))
         for path in downloader.fetched:
             path.unlink(missing_ok=True)
     finally:

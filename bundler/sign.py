@@ -1,19 +1,21 @@
-"""Sign a bundle in the store, and find its signatures: an OCI artifact whose subject is the bundle manifest."""
+"""Sign a bundle in the store: OCI artifacts whose subject is the bundle manifest (bundler.referrers finds them)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from bundler import cosign, keys, signature
 from bundler.errors import BundleError
-from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
-from bundler.modelkit import ModelKit
+from bundler.contentcheck import check_stored
+from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json
+from bundler.modelkit import ModelKit, file_hashes
+from bundler.referrers import find_legacy_signatures, find_signatures
 from bundler.refs import Ref
+from bundler.releases import check_new_release
 from bundler.store import Store
-from bundler.tarlayer import iter_layer
+from bundler.verify import verify_bundle
 
 EMPTY_CONFIG = b"{}"
 DEFAULT_VALID_DAYS = 365
@@ -40,22 +42,6 @@ def signed_fields(mk: ModelKit, roles: Mapping[str, str], valid_days: float, now
         "expires": signature.format_time(now + dt.timedelta(days=valid_days)),
     }
 
-
-def file_hashes(store: Store, mk: ModelKit) -> tuple[dict[str, str], dict[str, str]]:
-    """(path -> sha256, path -> role) of every file in the bundle, read from its layers."""
-    hashes: dict[str, str] = {}
-    roles: dict[str, str] = {}
-    for spec, desc in mk.layers:
-        with open(store.blob_path(desc.digest), "rb") as f:
-            for member, content in iter_layer(f, spec.path):
-                if member.kind != "file" or content is None:
-                    continue
-                h = hashlib.sha256()
-                while chunk := content.read(1 << 20):
-                    h.update(chunk)
-                hashes[member.name] = h.hexdigest()
-                roles[member.name] = spec.role
-    return hashes, roles
 
 
 def sign_modelkit(
@@ -136,19 +122,6 @@ def _store_legacy(store: Store, mk: ModelKit, private_key: Any, annotations: Map
     return desc
 
 
-def find_legacy_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes, dict[str, Any]]]:
-    """The bundle's cosign legacy signature images in the store: (descriptor, manifest bytes, manifest)."""
-    out = []
-    for desc in store.untagged(cosign.SIMPLE_SIGNING_MEDIA_TYPE):
-        try:
-            data, manifest = store.read_json_blob(desc)
-        except BundleError:
-            continue
-        subject = manifest.get("subject") if isinstance(manifest, dict) else None
-        if isinstance(subject, dict) and subject.get("digest") == subject_digest:
-            out.append((desc, data, manifest))
-    return out
-
 
 def attach_signature(store: Store, mk: ModelKit, payload: bytes, annotations: Mapping[str, str]) -> Descriptor:
     """Store a Sigstore bundle made elsewhere (cosign, Sigstore's own libraries) as a signature artifact of
@@ -194,90 +167,11 @@ def _own_expired(store: Store, subject_digest: str, public_key: Any) -> list[str
     return out
 
 
-def _signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]]:
-    """Every readable signature artifact in the store: (its descriptor, its subject's digest, its Sigstore bundle bytes)."""
-    for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
-        try:
-            _, manifest = store.read_json_blob(desc)
-        except BundleError:
-            continue  # a damaged signature artifact counts as no signature; verify then says so
-        subject = manifest.get("subject") if isinstance(manifest, dict) else None
-        if not isinstance(subject, dict) or not isinstance(subject.get("digest"), str):
-            continue
-        layers = manifest.get("layers")
-        if not isinstance(layers, list) or len(layers) != 1:
-            continue
-        try:
-            layer = parse_descriptor(layers[0], f"signature {desc.digest} layer")
-            if layer.media_type != signature.SIGSTORE_BUNDLE_MEDIA_TYPE:
-                continue
-            data, _ = store.read_json_blob(layer)
-            # Its config too (the empty JSON object): verify and push walk this artifact, so every blob of it is checked.
-            store.read_json_blob(parse_descriptor(manifest.get("config"), f"signature {desc.digest} config"))
-        except BundleError:
-            continue
-        yield desc, subject["digest"], data
-
-
-def damaged_signatures(store: Store, subject_digest: str) -> list[str]:
-    """Digests of signature artifacts whose manifest names `subject_digest` but which `find_signatures` leaves
-    out: one of their blobs is missing or does not match its digest and size (or the artifact is malformed)."""
-    usable = {desc.digest for desc, _ in find_signatures(store, subject_digest)}
-    out = []
-    for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
-        try:
-            _, manifest = store.read_json_blob(desc)
-        except BundleError:
-            continue  # its subject cannot be told
-        subject = manifest.get("subject") if isinstance(manifest, dict) else None
-        if isinstance(subject, dict) and subject.get("digest") == subject_digest and desc.digest not in usable:
-            out.append(desc.digest)
-    return out
-
-
-def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:
-    """Signature artifacts in the store whose subject is `subject_digest`, with their Sigstore bundle bytes."""
-    return [(desc, data) for desc, subject, data in _signature_artifacts(store) if subject == subject_digest]
-
-
-def signed_releases(store: Store, name: str, version: str) -> set[str]:
-    """The manifest digests this store knows as release `name version`, signed: the signatures it holds
-    (their predicate's name, version and manifest digest, over that very subject) and the digests verify
-    remembers for its rollback check (.specbundle/versions.json).
-
-    Signatures are read, not verified: the store keeps only those it made or pull verified, and this only
-    decides what pack and sign refuse to make, never what is trusted.
-    """
-    from bundler.verify import ROLLBACK_STATE, _memory  # verify imports this module
-
-    found: set[str] = set()
-    for _, subject, data in _signature_artifacts(store):
-        claims = signature.read_unverified(data)
-        fields = claims.bundle if claims is not None else {}
-        if (fields.get("name"), fields.get("version"), fields.get("manifest_digest")) == (name, version, subject):
-            found.add(subject)
-    remembered = _memory(store.state(ROLLBACK_STATE), name)["digests"].get(version)
-    if isinstance(remembered, str):
-        found.add(remembered)
-    return found
-
-
-def check_new_release(store: Store, name: str, version: str, digest: str) -> None:
-    """Refuse to make `name version` with content `digest` when the store has that release signed with other
-    content: verify would refuse one of the two as a replaced release (`rollback`). The same content passes."""
-    other = sorted(signed_releases(store, name, version) - {digest})
-    if other:
-        raise BundleError("rollback", f"{name} {version} is already signed in this store with other content "
-                          f"({other[0][:19]}…): raise package.version in the Kitfile for a new release")
-
-
 def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = DEFAULT_VALID_DAYS, cosign_legacy: bool = False) -> SignResult:
     """`bundle sign`: refuse what `bundle pack --key` refuses, then sign. In order: verify's integrity checks
     (no signature needed yet: a damaged bundle is never signed), the content checks verify and run make
     (bundler.contentcheck, on the files extracted into a private temp directory), and no other content
     signed in this store as the same name and version."""
-    from bundler.contentcheck import check_stored
-    from bundler.verify import verify_bundle  # verify imports this module
 
     report = verify_bundle(store, ref, {}, allow_unsigned=True)
     report.raise_for_error()

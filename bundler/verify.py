@@ -20,12 +20,12 @@ from bundler.errors import BundleError
 from bundler.kitfile import MODEL_ROLES, pickle_files
 from bundler.layerread import LayerScan, scan_layer
 from bundler.manifest import Descriptor
-from bundler.modelkit import ModelKit, load_modelkit
+from bundler.modelkit import ModelKit, file_hashes, load_modelkit
 from bundler.refs import Ref
-from bundler.sign import damaged_signatures, file_hashes, find_signatures
+from bundler.referrers import damaged_signatures, find_signatures
+from bundler.releases import ROLLBACK_STATE, memory, version_key
 from bundler.store import Store
 
-ROLLBACK_STATE = "versions"
 
 
 @dataclass
@@ -121,7 +121,7 @@ def verify_bundle(
         for scan in scans.values():
             report.files.update(scan.files)
             report.tokenizer_hashes.update(scan.small_hashes)
-        check("roles", lambda: _roles(mk, scans))
+        check("roles", lambda: check_layer_roles(mk, scans))
         check("tokenizer-files", lambda: _tokenizer_files(store, mk, report.tokenizer_hashes))
         if allow_unsigned:
             report.unsigned = True
@@ -158,7 +158,7 @@ def _scan_all(store: Store, mk: ModelKit) -> tuple[dict[str, LayerScan], str]:
     return scans, f"{len(scans)} layers, {total} bytes, {nfiles} files: digests, sizes and entries safe"
 
 
-def _roles(mk: ModelKit, scans: Mapping[str, LayerScan]) -> tuple[None, str]:
+def check_layer_roles(mk: ModelKit, scans: Mapping[str, LayerScan]) -> tuple[None, str]:
     for spec, _ in mk.layers:
         files = list(scans[spec.path].files)
         if spec.role in MODEL_ROLES:
@@ -252,9 +252,9 @@ def _candidate_checks(mk: ModelKit, files: Mapping[str, int], payload: bytes, tr
     steps = [
         ("signature", lambda: _signature_valid(payload, trusted)),
         ("signed-name", lambda: _signed_name(mk, claims)),
-        ("files", lambda: _files(files, claims)),
+        ("files", lambda: check_files(files, claims)),
         ("subject", lambda: _subject(mk, claims)),
-        ("expiry", lambda: _expiry(claims, now)),
+        ("expiry", lambda: check_expiry(claims, now)),
     ]
     for name, fn in steps:
         try:
@@ -381,7 +381,7 @@ def signed_before_download(manifest_digest: str, payloads: list[bytes], trusted:
             if claims.bundle.get("manifest_digest") != manifest_digest:
                 raise BundleError("signature-mismatch", f"signature is over manifest {str(claims.bundle.get('manifest_digest'))[:19]}…, this bundle is {manifest_digest[:19]}…")
             stage = 4
-            _expiry(claims, now)
+            check_expiry(claims, now)
             return claims
         except BundleError as err:
             rank = stage + (err.code != "signature-invalid")
@@ -412,7 +412,7 @@ def _subject(mk: ModelKit, claims: signature.SignedClaims) -> tuple[None, str]:
     return None, f"signed manifest digest equals {mk.digest[:19]}…"
 
 
-def _files(files: Mapping[str, int], claims: signature.SignedClaims) -> tuple[None, str]:
+def check_files(files: Mapping[str, int], claims: signature.SignedClaims) -> tuple[None, str]:
     # Content is pinned by each layer's digest, which the signed manifest digest pins; here the names must agree.
     missing = sorted(set(claims.files) - set(files))
     extra = sorted(set(files) - set(claims.files))
@@ -451,7 +451,7 @@ def _reference(ref: Ref, mk: ModelKit, allow: bool) -> tuple[None, str]:
     return None, f"{ref} names {name} {version}"
 
 
-def _expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str]:
+def check_expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str]:
     expires = claims.bundle.get("expires")
     if not expires:
         return None, "no expiry in the signature"
@@ -460,43 +460,11 @@ def _expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str
     return None, f"valid until {expires}"
 
 
-def version_key(version: str) -> tuple:
-    """SemVer 2.0 precedence as a sort key: build metadata ignored, a pre-release before its release,
-    pre-release identifiers compared one by one, numeric ones numerically and below alphanumeric ones,
-    a shorter list of equal identifiers first (1.0.0-rc.9 < 1.0.0-rc.10 < 1.0.0)."""
-    core, _, pre = version.split("+", 1)[0].partition("-")
-    nums = tuple(int(x) if x.isdigit() else 0 for x in core.split("."))
-    nums = (nums + (0, 0, 0))[:3] if len(nums) <= 3 else nums
-    if not pre:
-        return (nums, (1,))
-    ids = tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in pre.split("."))
-    return (nums, (0, ids))
-
-
-def _memory(state: dict[str, Any], name: str) -> dict[str, Any]:
-    """This name's rollback memory: one entry per bundle name, whichever trusted key signed.
-
-    Earlier stores kept one entry per name and signer (`name|key id`): those are folded in, so a key
-    rotation cannot bring back a release older than one already seen under the other key.
-    """
-    seen: dict[str, Any] = {"highest": None, "digests": {}}
-    for key, entry in state.items():
-        if key != name and key.split("|", 1)[0] != name:
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("digests", {}), dict) or not isinstance(entry.get("highest"), (str, type(None))):
-            raise BundleError("integrity", f"the store's rollback memory for {name!r} is damaged; remove .specbundle/{ROLLBACK_STATE}.json in the store to reset it (this forgets the versions seen)")
-        for version, digest in entry.get("digests", {}).items():
-            seen["digests"].setdefault(version, digest)
-        highest = entry.get("highest")
-        if highest and (not seen["highest"] or version_key(highest) > version_key(seen["highest"])):
-            seen["highest"] = highest
-    return seen
-
 
 def _rollback(store: Store, mk: ModelKit, claims: signature.SignedClaims, record: bool, allow_rollback: bool = False) -> tuple[None, str]:
     """The store remembers, per bundle name (across all trusted keys), the highest version seen and each version's digest."""
     name, version = mk.kitfile.name, mk.kitfile.version
-    seen = _memory(store.state(ROLLBACK_STATE), name)
+    seen = memory(store.state(ROLLBACK_STATE), name)
     known = seen["digests"].get(version)
     if known and known != mk.digest:
         raise BundleError("rollback", f"{name} {version} was signed before with other content ({str(known)[:19]}…): refusing a replaced release")
@@ -506,7 +474,7 @@ def _rollback(store: Store, mk: ModelKit, claims: signature.SignedClaims, record
     if record and not known:
         with store.lock():
             state = store.state(ROLLBACK_STATE)
-            seen = _memory(state, name)
+            seen = memory(state, name)
             seen["digests"][version] = mk.digest
             if not seen["highest"] or version_key(version) > version_key(seen["highest"]):
                 seen["highest"] = version

@@ -20,7 +20,8 @@ from registry_server import Registry, registry  # noqa: F401  (fixture)
 from bundler import cosign, keys
 from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref
-from bundler.sign import attach_signature, find_signatures, sign_modelkit
+from bundler.referrers import find_signatures
+from bundler.sign import attach_signature, sign_modelkit
 from bundler.store import Store
 
 REF = "tiny-spec:1.0.0"

@@ -20,7 +20,8 @@ from conftest import run_bundle
 from bundler import cosign
 from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref
-from bundler.sign import attach_signature, find_signatures
+from bundler.referrers import find_signatures
+from bundler.sign import attach_signature
 from bundler.store import Store
 
 JS = Path(__file__).parent / "js"

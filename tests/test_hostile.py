@@ -662,7 +662,7 @@ def test_allow_rollback_accepts_an_older_release_for_that_command_only(attack: A
      ("1.0.0-beta.2", "1.0.0-beta.11"), ("1.0.0-rc.1", "1.0.0"), ("1.9.0", "1.10.0"), ("1.0.0", "2.0.0+build.1")],
 )
 def test_versions_follow_semver_precedence(older: str, newer: str) -> None:
-    from bundler.verify import version_key
+    from bundler.releases import version_key
 
     assert version_key(older) < version_key(newer)
 
