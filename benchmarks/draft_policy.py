@@ -30,8 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from runner.draft_vocab import read_draft_vocab  # noqa: E402
 from runner.loading import load_model  # noqa: E402
-from runner.run import _eos_ids, _prompt_ids, runtime_draft, runtime_target  # noqa: E402
-from runner.speculative import _logits, _new_cache, generate_plain  # noqa: E402
+from runner.pair import prompt_ids  # noqa: E402
+from runner.run import eos_ids, runtime_draft, runtime_target  # noqa: E402
+from runner.engines.torch_engine import model_logits, new_cache  # noqa: E402
+from runner.speculative import generate_plain  # noqa: E402
 from runner.tokenizer_gate import load_spec  # noqa: E402
 
 KMAX = 8
@@ -40,9 +42,9 @@ KMAX = 8
 @torch.inference_mode()
 def draft_records(draft, prompt: list[int], output: list[int]) -> list[list[tuple[int, float]]]:
     """At each position of `output`: the draft's next KMAX greedy tokens and the probability of each."""
-    cache = _new_cache(draft, len(prompt) + len(output) + KMAX + 1)
+    cache = new_cache(draft, len(prompt) + len(output) + KMAX + 1)
     path = torch.tensor(prompt + output)
-    logits = _logits(draft, path[: len(prompt)], cache, last_only=True)
+    logits = model_logits(draft, path[: len(prompt)], cache, last_only=True)
     records = []
     for p in range(len(output)):
         row, step = [], logits
@@ -51,10 +53,10 @@ def draft_records(draft, prompt: list[int], output: list[int]) -> list[list[tupl
             token = int(probs.argmax())
             row.append((token, float(probs[token])))
             if j + 1 < KMAX:
-                step = _logits(draft, torch.tensor([token]), cache, last_only=True)
+                step = model_logits(draft, torch.tensor([token]), cache, last_only=True)
         records.append(row)
         cache.crop(-(KMAX - 1))
-        logits = _logits(draft, path[len(prompt) + p : len(prompt) + p + 1], cache, last_only=True)
+        logits = model_logits(draft, path[len(prompt) + p : len(prompt) + p + 1], cache, last_only=True)
     return records
 
 
@@ -65,15 +67,15 @@ def pass_costs(target, draft, context: int = 300, rounds: int = 30) -> tuple[dic
     calls = [(target, t) for t in range(1, KMAX + 2)] + [(draft, 1)]
     caches = []
     for model, tokens in calls:
-        cache = _new_cache(model, context + tokens)
-        _logits(model, torch.randint(10, 40000, (context,)), cache, last_only=True)
+        cache = new_cache(model, context + tokens)
+        model_logits(model, torch.randint(10, 40000, (context,)), cache, last_only=True)
         caches.append(cache)
     times: list[list[float]] = [[] for _ in calls]
     for _ in range(rounds):
         for i, ((model, tokens), cache) in enumerate(zip(calls, caches)):
             x = torch.randint(10, 40000, (tokens,))
             t0 = time.perf_counter()
-            _logits(model, x, cache, last_only=model is draft)
+            model_logits(model, x, cache, last_only=model is draft)
             times[i].append(time.perf_counter() - t0)
             cache.crop(-tokens)
     ms = [1000 * statistics.median(t) for t in times]
@@ -119,8 +121,8 @@ def main() -> int:
     ids = read_draft_vocab(vocab_file, load_spec(ctx / "tokenizer").vocab_size) if vocab_file.exists() else None
     target = runtime_target(load_model(ctx / "target", args.dtype, "cpu", role="target"))  # as bundle run runs both
     draft = runtime_draft(load_model(ctx / "draft", args.dtype, "cpu", role="draft"), {"draft_vocab": ids})
-    eos = _eos_ids(tokenizer, ctx / "target")  # the stop tokens bundle run uses
-    prompts = [_prompt_ids(tokenizer, json.loads(line)["prompt"], raw=False)
+    eos = eos_ids(tokenizer, ctx / "target")  # the stop tokens bundle run uses
+    prompts = [prompt_ids(tokenizer, json.loads(line)["prompt"], raw=False)
                for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     outputs = [generate_plain(target, p, args.max_new_tokens, eos_ids=eos).tokens for p in prompts]
     records = [draft_records(draft, p, o) for p, o in zip(prompts, outputs)]

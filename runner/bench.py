@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -15,64 +13,18 @@ import torch
 
 from runner.gguf_model import bundle_format
 from runner.loading import load_model
-from runner.metrics import best_predicted_speedup, predicted_speedup
+from runner.bench_runs import Run, interleaved_rounds, pooled, speculation_figures, timed
 from runner.modelinfo import FileRange
-from runner.run import _eos_ids, _prompt_ids, _ranges, _resolve_device, _verified_digests, preflight, runtime_draft, runtime_target
+from runner.pair import prompt_ids
+from runner.run import eos_ids, preflight, resolve_device, runtime_draft, runtime_target, verified_digests, weight_ranges_at
 from runner.run_history import with_history
 from runner.machine import machine_info
-from runner.speculative import _logits, _new_cache, generate_plain, generate_speculative
+from runner.engines.torch_engine import model_logits, new_cache
+from runner.speculative import generate_plain, generate_speculative
 from runner.tokenizer_gate import load_spec
 
 PLAIN_DTYPES = ("float32", "bfloat16")
 
-
-@dataclass
-class Run:
-    """One method over all prompts: the tokens per prompt and the time they took."""
-
-    tokens: list[list[int]] = field(default_factory=list)
-    seconds: float = 0.0
-    stats: list[Any] = field(default_factory=list)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"tokens_per_second": round(self.tokens_per_second, 2), "new_tokens": self.new_tokens, "seconds": round(self.seconds, 3)}
-
-
-def _timed(prompts: Sequence[list[int]], generate: Callable[[list[int]], tuple[list[int], Any]], into: Run | None = None) -> Run:
-    run = into or Run()
-    for ids in prompts:
-        start = time.perf_counter()
-        tokens, stats = generate(ids)
-        run.seconds += time.perf_counter() - start
-        run.tokens.append(tokens)
-        run.stats.append(stats)
-    return run
-
-
-def interleaved_rounds(methods: Mapping[str, Callable[[list[int]], tuple[list[int], Any]]], ids: Sequence[list[int]],
-                       repeat: int, say: Callable[[str], None]) -> list[dict[str, Run]]:
-    """`repeat` rounds over the prompts, prompt by prompt, every method in turn (the order rotating): a
-    machine that speeds up or slows down during the bench (other load, clocks) then moves every method
-    alike, and the ratios stay fair."""
-    names = list(methods)
-    rounds: list[dict[str, Run]] = []
-    for r in range(max(repeat, 1)):
-        runs = {name: Run() for name in names}
-        for i, x in enumerate(ids):
-            say(f"round {r + 1}/{max(repeat, 1)}, prompt {i + 1}/{len(ids)}")
-            turn = (i + r) % len(names)
-            for name in names[turn:] + names[:turn]:
-                _timed([x], methods[name], into=runs[name])
-        rounds.append(runs)
-    return rounds
 
 
 def _hf_assisted(target, draft, eos: set[int], max_new_tokens: int, k: int | None) -> Callable[[list[int]], tuple[list[int], Any]]:
@@ -102,7 +54,7 @@ def replay(target, tokens: list[int], calls: Sequence[tuple[int, int]], position
     replayed in order up to the last call that covered position - 1. Inputs past what `tokens` holds (drafts
     the run rejected) are filler: with causal attention a row's numbers depend on the rows before it and on
     the call's shape, not on the tokens after it."""
-    cache, row = _new_cache(target), None
+    cache, row = new_cache(target), None
     with torch.inference_mode():
         for start, n in calls:
             if start > position - 1:
@@ -110,7 +62,7 @@ def replay(target, tokens: list[int], calls: Sequence[tuple[int, int]], position
             if cache.get_seq_length() > start:
                 cache.crop(start - cache.get_seq_length())  # back to where the call began
             chunk = (tokens[start:start + n] + [tokens[-1]] * n)[:n]
-            logits = _logits(target, torch.tensor(chunk, device=target.device), cache, last_only=False)
+            logits = model_logits(target, torch.tensor(chunk, device=target.device), cache, last_only=False)
             if position - 1 < start + n:
                 row = logits[position - 1 - start]
     if row is None:
@@ -152,16 +104,6 @@ def first_difference(target, prompt: list[int], expected: list[int], got: list[i
     return out
 
 
-def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) -> float:
-    """The lowest per-token acceptance at which the best draft length predicts a speed-up of 1."""
-    lo, hi = 0.0, 0.999
-    if best_predicted_speedup(hi, cost_ratio, verify_ratio, max_k)[0] < 1.0:
-        return 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if best_predicted_speedup(mid, cost_ratio, verify_ratio, max_k)[0] < 1.0 else (lo, mid)
-    return hi
-
 
 def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
     """One prompt: tokens, the speed-ups over the target alone and over our plain decoding, how well the draft did."""
@@ -177,10 +119,6 @@ def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
         "fallback_at": stats.fallback["at_token"] if stats.fallback else None,
     }
 
-
-def _pooled(runs: Sequence[Run]) -> Run:
-    """Several rounds of one method as one run: every prompt of every round."""
-    return Run([t for r in runs for t in r.tokens], sum(r.seconds for r in runs), [s for r in runs for s in r.stats])
 
 
 def _fastest(runs: Mapping[str, Run]) -> tuple[str, str]:
@@ -200,40 +138,6 @@ def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
             "speedup_vs_hf_assisted": tps("bundle") / tps(hf), "speedup_vs_fastest_plain": tps("bundle") / tps(fastest),
             "fastest_plain": fastest}
 
-
-def speculation_figures(runs: Mapping[str, Run], k: int) -> dict[str, Any]:
-    """What the bundle runs' counters say (all rounds pooled): acceptance, the draft's cost and the verify
-    pass's relative to a step of our plain decoding (`runner_plain`), and the speed-up Leviathan's formula
-    predicts from them (`draft_only`: the draft decoding alone, for its cost)."""
-    stats = runs["bundle"].stats
-    accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
-    rejections, iterations = sum(s.rejections for s in stats), sum(s.speculative_iterations for s in stats)
-    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
-    # Costs relative to a step of the target as the loop runs it (our plain decoding's step): the theory
-    # then predicts what speculation alone gains, and the efficiency compares it with speedup_vs_runner_plain.
-    step_s = runs["runner_plain"].seconds / max(runs["runner_plain"].new_tokens, 1)
-    cost = (runs["draft_only"].seconds / max(runs["draft_only"].new_tokens, 1)) / step_s
-    verifies = sum(s.verifies_timed for s in stats)
-    verify_ratio = (sum(s.verify_time_s for s in stats) / verifies / step_s) if verifies else 1.0
-    mean_k = drafted / iterations if iterations else float(k)
-    per_iteration = predicted_speedup(alpha, max(1, round(mean_k)), cost, verify_ratio) if iterations else 1.0
-    # The prediction holds for the speculative iterations; tokens the guard made plain decoding produce
-    # cost one target step each, as they should. The whole run's theoretical speed-up mixes the two.
-    spec_tokens = sum(s.spec_tokens for s in stats)
-    plain_tokens = max(runs["bundle"].new_tokens - spec_tokens, 0)  # spec_tokens counts a cut last batch whole
-    theoretical = (spec_tokens + plain_tokens) / (spec_tokens / per_iteration + plain_tokens) if spec_tokens + plain_tokens else 1.0
-    return {
-        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
-        "per_token_acceptance": round(alpha, 4),
-        "mean_accepted_length": round(accepted / iterations, 3) if iterations else 0.0,
-        "cost_ratio": round(cost, 4),
-        "verify_cost_ratio": round(verify_ratio, 4),
-        "mean_draft_tokens": round(mean_k, 2),
-        "theoretical_speedup": round(theoretical, 3),
-        "theoretical_speedup_speculating": round(per_iteration, 3),
-        "speculative_share": round(spec_tokens / max(runs["bundle"].new_tokens, 1), 3),
-        "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, 2 * k), 3),
-    }
 
 
 def bench_unpacked(
@@ -265,17 +169,17 @@ def bench_unpacked(
         return bench_gguf(gguf_dirs, params, prompts, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
                           repeat=repeat, progress=progress, history=history)
     say = progress or (lambda _msg: None)
-    device = _resolve_device(device)
+    device = resolve_device(device)
     dtype = str(params.get("dtype") or "float32")
     k = int(draft_tokens or params.get("draft_tokens", 5))
-    ranges = _ranges(root, weight_ranges)
+    ranges = weight_ranges_at(root, weight_ranges)
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
-    ids = [_prompt_ids(tokenizer, p, raw=False) for p in prompts]
-    eos = _eos_ids(tokenizer, dirs["target"])
+    ids = [prompt_ids(tokenizer, p, raw=False) for p in prompts]
+    eos = eos_ids(tokenizer, dirs["target"])
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
-    load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=_verified_digests(verified_files, roles[role]),  # noqa: E731
+    load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=verified_digests(verified_files, roles[role]),  # noqa: E731
                                        ranges=ranges)
     target, plain_draft = load("target", dtype), load("draft", dtype)
     # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
@@ -308,10 +212,10 @@ def bench_unpacked(
     for runs in rounds:
         runs[f"target_only_{dtype}"] = runs["target_only"]
         runs.setdefault("runner_plain", runs["target_only"])  # a target our forward does not run: transformers'
-    draft_only = _timed(ids[:2], plain(draft))  # for the cost ratio
+    draft_only = timed(ids[:2], plain(draft))  # for the cost ratio
     del others
     ratios = [_ratios(runs) for runs in rounds]
-    runs = {name: _pooled([rnd[name] for rnd in rounds]) for name in rounds[0]}
+    runs = {name: pooled([rnd[name] for rnd in rounds]) for name in rounds[0]}
     runs["draft_only"] = draft_only
     first = rounds[0]
     hf_best, fastest_plain = _fastest(runs)

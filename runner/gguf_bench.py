@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from runner import gguf_model
-from runner.bench import Run, _pooled, _timed, interleaved_rounds, speculation_figures
+from runner.bench_runs import Run, interleaved_rounds, pooled, speculation_figures, timed
 from runner.engines import llamacpp
 from runner.gguf_run import GGUFTokenizer
 from runner.machine import machine_info
@@ -202,9 +202,9 @@ def bench_gguf(
         generate_plain(engine, ids[0], 8, eos_ids=eos)
     _their_generate(theirs, eos, 8)(ids[0])
     rounds = interleaved_rounds(methods, ids, repeat, say)
-    draft_only = _timed(ids[:2], plain(draft))  # for the cost ratio
+    draft_only = timed(ids[:2], plain(draft))  # for the cost ratio
     ratios = [_ratios(rnd) for rnd in rounds]
-    runs = {name: _pooled([rnd[name] for rnd in rounds]) for name in methods}
+    runs = {name: pooled([rnd[name] for rnd in rounds]) for name in methods}
     runs["runner_plain"] = runs["target_only"]  # our plain decoding is the target alone here
     runs["draft_only"] = draft_only
     figures = speculation_figures(runs, k)

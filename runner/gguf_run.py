@@ -10,6 +10,7 @@ from pathlib import Path
 
 from runner import gguf_model
 from runner.engines import llamacpp
+from runner.pair import LoadedPair
 from runner.pairing import check_memory
 
 
@@ -63,7 +64,6 @@ def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_
                    memory_budget: int | None):
     """runner.run.load_pair for a GGUF pair (bundle serve): the same checks, then both files loaded once.
     context: (prompt tokens, new tokens), or a function of the tokenizer giving them."""
-    from runner.run import LoadedPair
 
     files = {role: gguf_model.gguf_files(dirs[role])[0] for role in ("target", "draft")}
     headers = {role: gguf_model.read_header(path) for role, path in files.items()}

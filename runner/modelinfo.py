@@ -249,7 +249,7 @@ def _loader_bytes(model_dir: Path, element_bytes: int, ranges: Ranges | None = N
 
 
 # What importing torch adds to a `bundle run` process (torch 2.13, CPU build, this machine: 193 MiB). On a CPU
-# build, `bundle run` imports torch while the weights are read (runner.run._resolve_device), after this
+# build, `bundle run` imports torch while the weights are read (runner.run.resolve_device), after this
 # estimate is made, so the prediction adds it.
 TORCH_IMPORT_BYTES = 195 << 20
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from runner.gguf_model import bundle_format
 from runner.lean_tokenizer import load_tokenizer
 from runner.loading import ModelFiles, check_weight_files, load_models
 from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
+from runner.pair import LoadedPair, TextStream, prompt_ids
 from runner.pairing import check_memory, check_pairing
 from runner.run_history import with_history
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
@@ -42,7 +42,7 @@ def _torch_has_cuda() -> bool:
     return len(builds) != 2 or any(value.strip() != "None" for _, value in builds)
 
 
-def _resolve_device(device: str | None) -> str:
+def resolve_device(device: str | None) -> str:
     if device and not device.startswith("cuda"):
         return device
     if not device and not _torch_has_cuda():
@@ -56,20 +56,8 @@ def _resolve_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
-    """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
-    if not raw and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-    else:
-        ids = tokenizer(prompt)
-    if isinstance(ids, Mapping) or hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
-
-def _eos_ids(tokenizer, model_dir: Path) -> set[int]:
+def eos_ids(tokenizer, model_dir: Path) -> set[int]:
     """Stop tokens: the tokenizer's eos plus the eos ids of the target's config and generation config."""
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:
@@ -90,23 +78,8 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-class _TextStream:
-    """Turns new token ids into new text, holding back an incomplete UTF-8 character."""
 
-    def __init__(self, tokenizer, on_text: Callable[[str], None]):
-        self.tokenizer, self.on_text, self.tokens, self.shown = tokenizer, on_text, [], 0
-
-    def __call__(self, new: list[int]) -> None:
-        self.tokens += new
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        if len(text) > self.shown:
-            self.on_text(text[self.shown :])
-        self.shown = len(text)
-
-
-def _verified_digests(verified_files: Mapping[str, str] | None, role_path: str) -> dict[str, str] | None:
+def verified_digests(verified_files: Mapping[str, str] | None, role_path: str) -> dict[str, str] | None:
     """The verified sha256 of each file directly in a role's directory, keyed by file name."""
     if verified_files is None:
         return None
@@ -114,7 +87,7 @@ def _verified_digests(verified_files: Mapping[str, str] | None, role_path: str) 
     return {p[len(prefix) :]: d for p, d in verified_files.items() if p.startswith(prefix) and "/" not in p[len(prefix) :]}
 
 
-def _ranges(root: Path, weight_ranges: Mapping[str, FileRange] | None) -> dict[Path, FileRange]:
+def weight_ranges_at(root: Path, weight_ranges: Mapping[str, FileRange] | None) -> dict[Path, FileRange]:
     """Weight files left in layer blobs, keyed by the path each would have if extracted below root."""
     return {Path(root) / path: where for path, where in (weight_ranges or {}).items()}
 
@@ -176,63 +149,6 @@ def runtime_draft(draft, checked: Mapping):
     return SubsetHeadDraft(draft, ids) if ids else draft
 
 
-def forward_path(model) -> str:
-    """Which forward a model runs through: "compact" (runner.compact_llama) or "transformers"."""
-    from runner import compact_llama
-
-    return "compact" if isinstance(model, compact_llama.CompactLlama) else "transformers"
-
-
-@dataclass
-class LoadedPair:
-    """A checked, loaded pair, ready to generate: what `load_pair` returns and `generate` takes."""
-
-    tokenizer: Any
-    target: Any
-    draft: Any
-    params: Mapping
-    fingerprint: str
-    eos_ids: set[int]
-    vocab_size: int | None
-    device: str
-    dtype: str
-    draft_tokens: int
-    pairing: dict
-    memory: dict
-    context_tokens: int  # the tokens (prompt + new + look-ahead) the memory preflight sized the caches for
-    load_s: float = 0.0
-    engine: str = "torch"
-    extra: dict = field(default_factory=dict)
-    history: Any = None  # runner.run_history.RunHistory: whether the draft paid in this bundle's last runs here
-
-    def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
-        """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
-        if hasattr(self.tokenizer, "prompt_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
-            return self.tokenizer.prompt_ids(prompt, raw)
-        return _prompt_ids(self.tokenizer, prompt, raw)
-
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """A chat (OpenAI-style messages) as ids, through the tokenizer's chat template; without one, the
-        contents joined by newlines."""
-        if hasattr(self.tokenizer, "chat_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
-            return self.tokenizer.chat_ids(messages)
-        if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, Mapping) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
-        return _prompt_ids(self.tokenizer, "\n".join(m.get("content", "") for m in messages), raw=True)
-
-    def room(self, prompt_tokens: int, max_new_tokens: int) -> int:
-        """The tokens a generation needs in the caches (a verify pass may look past the end)."""
-        return prompt_tokens + max_new_tokens + 2 * self.draft_tokens + 1
-
-    def forward(self) -> dict[str, str]:
-        """Which forward each model runs through."""
-        if "forward" in self.extra:
-            return dict(self.extra["forward"])
-        return {"target": forward_path(self.target), "draft": forward_path(self.draft)}
-
 
 def load_pair(
     root: Path,
@@ -252,7 +168,7 @@ def load_pair(
     context: (prompt tokens, new tokens) the caches must hold, or a function of the tokenizer giving them
     (bundle run sizes memory for its own prompt). Other arguments as in `run_unpacked`.
     """
-    device = _resolve_device(device)
+    device = resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
     gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
@@ -260,7 +176,7 @@ def load_pair(
         from runner.gguf_run import load_gguf_pair  # the llama.cpp engine
 
         return load_gguf_pair(gguf_dirs, params, context=context, draft_tokens=draft_tokens, memory_budget=memory_budget)
-    ranges = _ranges(root, weight_ranges)
+    ranges = weight_ranges_at(root, weight_ranges)
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = load_tokenizer(checked["tokenizer_dir"])  # transformers' AutoTokenizer where a lean one would differ
@@ -271,13 +187,13 @@ def load_pair(
     check_memory(memory, memory_budget, device)
     load_start = time.perf_counter()
     target, draft = load_models(
-        [ModelFiles(dirs[role], role, _verified_digests(verified_files, roles[role]), ranges) for role in ("target", "draft")],
+        [ModelFiles(dirs[role], role, verified_digests(verified_files, roles[role]), ranges) for role in ("target", "draft")],
         dtype, device, compact=True,
     )
     target, draft = runtime_target(target), runtime_draft(draft, checked)
     return LoadedPair(
         tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
-        eos_ids=_eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
+        eos_ids=eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
         device=device, dtype=dtype, draft_tokens=draft_tokens, pairing=checked["pairing"],
         memory={k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
         context_tokens=max_tokens, load_s=time.perf_counter() - load_start,
@@ -305,7 +221,7 @@ def generate(
 
     generate_start = time.perf_counter()
     first_token: list[float] = []
-    text_stream = _TextStream(pair.tokenizer, on_text) if on_text else None
+    text_stream = TextStream(pair.tokenizer, on_text) if on_text else None
 
     def stream(new: list[int]) -> bool:
         if not first_token:
@@ -383,12 +299,12 @@ def run_unpacked(
     if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
         from runner.gguf_run import run_gguf
 
-        device = _resolve_device(device)
+        device = resolve_device(device)
         return run_gguf(gguf_dirs, params, prompt, max_new_tokens=max_new_tokens, draft_tokens=int(draft_tokens or params.get("draft_tokens", 5)),
                         temperature=temperature, top_p=top_p, seed=seed, raw=raw, memory_budget=memory_budget,
-                        on_text=on_text, text_stream=_TextStream, history=history)
+                        on_text=on_text, text_stream=TextStream, history=history)
     pair = load_pair(
-        root, roles, params, context=lambda tokenizer: (len(_prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
+        root, roles, params, context=lambda tokenizer: (len(prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
         draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
         weight_ranges=weight_ranges,
     )

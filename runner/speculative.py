@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from runner.engines import Engine, as_engine
-from runner.engines.torch_engine import model_logits as _logits  # noqa: F401 (bench, benchmarks)
-from runner.engines.torch_engine import new_cache as _new_cache  # noqa: F401
 from runner.metrics import Stats, best_predicted_speedup
 
 WARMUP_ITERATIONS = 6  # speculative iterations before the guard judges

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from conftest import assert_matches_schema, run_bundle
-from runner.bench import bf16_step, break_even_acceptance, first_difference, replay
+from runner.bench import bf16_step, first_difference, replay
+from runner.bench_runs import break_even_acceptance
 from runner.metrics import best_predicted_speedup
 from runner.compact_llama import CompactLlama
 from runner.speculative import generate_plain, generate_speculative

@@ -11,7 +11,8 @@ from tokenizers import processors
 from transformers import AutoTokenizer
 
 from runner.lean_tokenizer import LeanTokenizer, load_tokenizer
-from runner.run import _eos_ids, _prompt_ids
+from runner.pair import prompt_ids as _prompt_ids
+from runner.run import eos_ids as _eos_ids
 from tests.tinymodels import BOS, EOS, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
 
 PROMPTS = [

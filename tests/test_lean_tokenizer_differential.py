@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 from bundler.errors import BundleError
 from runner.lean_tokenizer import LeanTokenizer, load_tokenizer
-from runner.run import _prompt_ids
+from runner.pair import prompt_ids as _prompt_ids
 from tests.tinymodels import BOS, EOS, PAD, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
 
 CASES = int(os.environ.get("SPECBUNDLE_TOKENIZER_CASES", "60"))

@@ -168,5 +168,5 @@ def test_a_cpu_build_of_torch_is_known_without_importing_it(monkeypatch, tmp_pat
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: types.SimpleNamespace(submodule_search_locations=[str(tmp_path)]))
     assert run._torch_has_cuda() is has
     if not has:
-        assert run._resolve_device(None) == "cpu"
-    assert run._resolve_device("cpu") == "cpu"
+        assert run.resolve_device(None) == "cpu"
+    assert run.resolve_device("cpu") == "cpu"

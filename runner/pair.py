@@ -1,0 +1,95 @@
+"""A checked, loaded pair ready to generate, whatever its engine: what `runner.run.load_pair` (torch) and
+`runner.gguf_run.load_gguf_pair` (llama.cpp) return, and what generation, serve and bench take."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
+    """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
+    if not raw and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+    else:
+        ids = tokenizer(prompt)
+    if isinstance(ids, Mapping) or hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+class TextStream:
+    """Turns new token ids into new text, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer, on_text: Callable[[str], None]):
+        self.tokenizer, self.on_text, self.tokens, self.shown = tokenizer, on_text, [], 0
+
+    def __call__(self, new: list[int]) -> None:
+        self.tokens += new
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        if len(text) > self.shown:
+            self.on_text(text[self.shown :])
+        self.shown = len(text)
+
+
+def forward_path(model) -> str:
+    """Which forward a model runs through: "compact" (runner.compact_llama) or "transformers"."""
+    from runner import compact_llama
+
+    return "compact" if isinstance(model, compact_llama.CompactLlama) else "transformers"
+
+
+@dataclass
+class LoadedPair:
+    """A checked, loaded pair, ready to generate: what `load_pair` returns and `generate` takes."""
+
+    tokenizer: Any
+    target: Any
+    draft: Any
+    params: Mapping
+    fingerprint: str
+    eos_ids: set[int]
+    vocab_size: int | None
+    device: str
+    dtype: str
+    draft_tokens: int
+    pairing: dict
+    memory: dict
+    context_tokens: int  # the tokens (prompt + new + look-ahead) the memory preflight sized the caches for
+    load_s: float = 0.0
+    engine: str = "torch"
+    extra: dict = field(default_factory=dict)
+    history: Any = None  # runner.run_history.RunHistory: whether the draft paid in this bundle's last runs here
+
+    def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
+        """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
+        if hasattr(self.tokenizer, "prompt_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
+            return self.tokenizer.prompt_ids(prompt, raw)
+        return prompt_ids(self.tokenizer, prompt, raw)
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A chat (OpenAI-style messages) as ids, through the tokenizer's chat template; without one, the
+        contents joined by newlines."""
+        if hasattr(self.tokenizer, "chat_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
+            return self.tokenizer.chat_ids(messages)
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, Mapping) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return prompt_ids(self.tokenizer, "\n".join(m.get("content", "") for m in messages), raw=True)
+
+    def room(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """The tokens a generation needs in the caches (a verify pass may look past the end)."""
+        return prompt_tokens + max_new_tokens + 2 * self.draft_tokens + 1
+
+    def forward(self) -> dict[str, str]:
+        """Which forward each model runs through."""
+        if "forward" in self.extra:
+            return dict(self.extra["forward"])
+        return {"target": forward_path(self.target), "draft": forward_path(self.draft)}
