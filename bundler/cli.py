@@ -444,6 +444,18 @@ def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None
         raise click.BadParameter(err.message.removeprefix("--memory-budget ")) from None
 
 
+def _max_body(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from bundler.sizes import parse_size
+
+    try:
+        size = parse_size(value, "--max-body")
+    except BundleError as err:
+        raise click.BadParameter(err.message.removeprefix("--max-body ")) from None
+    if size < 1:
+        raise click.BadParameter("must be at least 1 byte")
+    return size
+
+
 def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """The prompt from --prompt TEXT, --prompt-file FILE, or stdin (`--prompt -`, or no --prompt when stdin is piped)."""
     if prompt is not None and prompt_file is not None:
@@ -594,11 +606,21 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
 @click.option("--memory-budget", callback=_memory_budget, help="Memory the pair may use: 300MB, 2GiB or bytes (default: available memory).")
 @click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
+@click.option("--max-body", default="1MiB", show_default=True, callback=_max_body, help="Largest request body (413 above it): 64KiB, 1MiB or bytes.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, help="Another Host name to answer for besides loopback and --host (repeatable; `*`: any, behind a proxy).")
+@click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600), help="Seconds a client has to send a request's headers.")
 @command
 def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
-          time_limit: float, attest_key: str | None, **options: Any) -> None:
+          time_limit: float, attest_key: str | None, max_body: int, allowed_hosts: tuple[str, ...], max_connections: int | None,
+          header_timeout: float, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
     from bundler.serve import serve_bundle
+    from bundler.serve_guard import ServeLimits
+
+    limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
+    if max_connections is not None:
+        limits.max_connections = max_connections
 
     api_key = None
     if api_key_file:
@@ -620,7 +642,7 @@ def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ..
 
     try:
         serve_bundle(store, parse_ref(ref), _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
-                     time_limit_s=time_limit, on_ready=ready, on_record=records.attach if records else None, **options)
+                     time_limit_s=time_limit, limits=limits, on_ready=ready, on_record=records.attach if records else None, **options)
     finally:
         written = records.close() if records else None
         if written:
