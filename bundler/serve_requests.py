@@ -15,9 +15,6 @@ from typing import Any, Mapping
 DEFAULT_MAX_BODY = 1 << 20  # `--max-body`: 1 MiB holds any prompt the served context takes
 MAX_DEPTH = 32  # a chat body nests 6 deep (body, messages, message, content, part, text)
 MAX_SEED = 2**63 - 1  # OpenAI's seed is an int64; torch and llama.cpp take it as such
-# Normalizers may fold one character of up to 4 UTF-8 bytes into one byte of a token, so a token covers at
-# most 4x its own length of a prompt: the prompt-bytes bound is the longest token x 4 x the tokens allowed.
-MAX_UTF8_BYTES_PER_CHAR = 4
 ROLES = ("system", "user", "assistant")
 UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "tools": "tools", "tool_choice": "tools",
                "functions": "tools", "function_call": "tools", "best_of": "best_of", "suffix": "suffix", "echo": "echo"}
@@ -210,10 +207,12 @@ def longest_token_bytes(tokenizer: Any) -> int | None:
 
 
 def prompt_byte_limit(tokenizer: Any, max_prompt_tokens: int) -> int | None:
-    """Bytes past which a prompt cannot fit max_prompt_tokens, whatever the text: the longest token x 4 (see
-    MAX_UTF8_BYTES_PER_CHAR) x the tokens; None when the vocabulary cannot be read."""
+    """Bytes past which a prompt is refused untokenized: the longest token x the tokens allowed (None when the
+    vocabulary cannot be read). A byte-level BPE token (SmolLM, Llama 3, Qwen) covers at most its own length,
+    so no prompt over it fits; with a tokenizer that drops text (normalizers, whitespace splitting) a prompt
+    over it might, if most of it were dropped: refused all the same, by policy (docs/serve.md)."""
     longest = longest_token_bytes(tokenizer)
-    return None if longest is None else longest * MAX_UTF8_BYTES_PER_CHAR * max_prompt_tokens
+    return None if longest is None else longest * max_prompt_tokens
 
 
 def check_prompt_bytes(request: CompletionRequest, byte_limit: int | None, max_prompt_tokens: int) -> None:
