@@ -210,7 +210,7 @@ def prompt_byte_limit(tokenizer: Any, max_prompt_tokens: int) -> int | None:
     """Bytes past which a prompt is refused untokenized: the longest token x the tokens allowed (None when the
     vocabulary cannot be read). A byte-level BPE token (SmolLM, Llama 3, Qwen) covers at most its own length,
     so no prompt over it fits; with a tokenizer that drops text (normalizers, whitespace splitting) a prompt
-    over it might, if most of it were dropped: refused all the same, by policy (docs/serve.md)."""
+    over it might, if most of it were dropped: refused all the same, by policy (docs/security.md, "serve")."""
     longest = longest_token_bytes(tokenizer)
     return None if longest is None else longest * max_prompt_tokens
 
