@@ -303,13 +303,16 @@ def build_app(engine: Engine, api_key: str | None = None, limits: ServeLimits | 
     async def validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
         return JSONResponse(ApiError(400, f"invalid request: {err.errors()[:1]}").body(), status_code=400)
 
-    async def _request(request: Request, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
-        """The checked request and its prompt ids; tokenizing and the chat template run in a thread."""
-        req = serve_requests.parse_request(serve_requests.parse_body(await request.body()), chat=chat,
-                                           max_new_tokens=SERVE_MAX_NEW_TOKENS,
+    def _prepare(raw: bytes, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
+        """The checked request and its prompt ids (parsing, tokenizing, the chat template): run in a thread."""
+        req = serve_requests.parse_request(serve_requests.parse_body(raw), chat=chat, max_new_tokens=SERVE_MAX_NEW_TOKENS,
                                            default_max_tokens=DEFAULT_MAX_TOKENS if chat else 16)
         serve_requests.check_prompt_bytes(req, prompt_bytes, SERVE_PROMPT_TOKENS)
-        return req, await run_in_threadpool(serve_requests.prompt_ids, engine.pair, req, SERVE_PROMPT_TOKENS)
+        return req, serve_requests.prompt_ids(engine.pair, req, SERVE_PROMPT_TOKENS)
+
+    async def _request(request: Request, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
+        # Only reading the body (bounded by the request guard) happens on the event loop.
+        return await run_in_threadpool(_prepare, await request.body(), chat)
 
     @app.get("/health")
     async def health() -> JSONResponse:

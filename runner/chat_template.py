@@ -346,7 +346,7 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prom
     if source is None:
         raise TemplateRefused("this tokenizer has no chat template")
     special = getattr(tokenizer, "special_tokens_map", None) or {}
-    variables = {k: v for k, v in special.items() if isinstance(v, str)}
+    variables = {k: v for k, v in special.items() if isinstance(v, (str, list))}
     text = render(source, [{k: v for k, v in m.items() if v is not None} for m in messages],
                   add_generation_prompt=add_generation_prompt, variables=variables)
     ids = tokenizer(text, add_special_tokens=False)

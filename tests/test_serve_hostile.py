@@ -182,7 +182,9 @@ def test_every_malformed_body_is_a_400_with_an_openai_error_and_never_reaches_th
 def test_well_formed_edge_values_are_served(server: Server) -> None:
     for fields in ({"prompt": "x", "seed": 2**63 - 1}, {"prompt": ["x"], "max_tokens": 1},
                    {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 1},
-                   {"prompt": "x", "temperature": 0, "top_p": 1, "max_tokens": 1, "n": 1, "user": "u"}):
+                   {"prompt": "x", "temperature": 0, "top_p": 1, "max_tokens": 1, "n": 1, "user": "u"},
+                   {"prompt": "x", "temperature": 1e-300, "max_tokens": 3, "seed": 1},  # 0 in float32: the greedy limit
+                   {"prompt": "x", "temperature": 2, "top_p": 5e-324, "max_tokens": 3, "seed": 1}):  # the top token only
         r = _post(server, "/v1/completions", json.dumps(fields).encode())
         assert r.status_code == 200, (fields, r.text[:200])
     r = _post(server, "/v1/chat/completions",
