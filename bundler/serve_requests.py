@@ -232,6 +232,8 @@ def prompt_ids(pair: Any, request: CompletionRequest, max_prompt_tokens: int) ->
         ids = pair.chat_ids(request.messages) if request.chat else pair.prompt_ids(request.prompt, raw=True)
     except BundleError as exc:  # the bundle's chat template refused (runner.chat_template): the request's fault or the template's
         raise ApiError(400, exc.message, param="messages", code="invalid_chat_template") from None
+    if not ids:  # an empty prompt (without a chat template): nothing to condition on
+        raise ApiError(400, "the prompt has no tokens", param="prompt")
     if len(ids) > max_prompt_tokens:
         raise ApiError(400, f"the prompt has {len(ids)} tokens; this server takes at most {max_prompt_tokens}",
                        param="prompt", code="context_length_exceeded")

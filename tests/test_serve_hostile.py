@@ -140,7 +140,7 @@ MALFORMED = {
 }
 WRONG_FIELDS = [
     {"prompt": 1}, {"prompt": None}, {"prompt": ["a", "b"]}, {"prompt": [1, 2, 3]}, {"prompt": {"text": "x"}},
-    {"prompt": "x", "max_tokens": "5"}, {"prompt": "x", "max_tokens": 1.5}, {"prompt": "x", "max_tokens": True},
+    {"prompt": ""}, {"prompt": [""]}, {"prompt": "x", "max_tokens": "5"}, {"prompt": "x", "max_tokens": 1.5}, {"prompt": "x", "max_tokens": True},
     {"prompt": "x", "max_tokens": 0}, {"prompt": "x", "max_tokens": -1}, {"prompt": "x", "max_tokens": 10**6},
     {"prompt": "x", "max_completion_tokens": []}, {"prompt": "x", "temperature": "hot"}, {"prompt": "x", "temperature": True},
     {"prompt": "x", "temperature": -1}, {"prompt": "x", "temperature": [0]}, {"prompt": "x", "top_p": 0},
