@@ -98,15 +98,34 @@ def _size(value: Any, limit: int) -> int:
     return memo[id(value)]
 
 
-_WIDTH = re.compile(r"\d+")
+# A printf-style conversion (`%-08.3f`, `%*d`): its width and precision.
+_PERCENT = re.compile(r"%[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[diouxXeEfFgGcrsa%]")
 
 
-def _check_format(fmt: Any) -> None:
-    """A format string with a width or precision over MAX_FORMAT_WIDTH, or one taken from an argument (`*`),
-    could make any length from one short argument."""
-    if isinstance(fmt, str) and ("%" in fmt or "{" in fmt):
-        if any(int(n) > MAX_FORMAT_WIDTH for n in _WIDTH.findall(fmt)) or re.search(r"%[-#0 +]*\*|%[-#0 +\d]*\.\*", fmt):
-            raise _OverBound(f"a format width over {MAX_FORMAT_WIDTH}")
+def _check_widths(widths: Iterable[str | None]) -> None:
+    for width in widths:
+        if width and (width == "*" or int(width) > MAX_FORMAT_WIDTH):
+            raise _OverBound(f"a format width over {MAX_FORMAT_WIDTH} (or taken from an argument)")
+
+
+def _check_percent(fmt: str) -> None:
+    """`fmt % args`: a width or precision over MAX_FORMAT_WIDTH, or one taken from an argument (`*`), makes
+    any length from one short argument."""
+    _check_widths(w for m in _PERCENT.finditer(fmt) for w in m.groups())
+
+
+def _check_format(fmt: str) -> None:
+    """`fmt.format(...)`: the same, for the widths in its format specs (`{:>999999999}`, `{:{}}`)."""
+    import string
+
+    try:
+        specs = [spec for _, _, spec, _ in string.Formatter().parse(fmt) if spec]
+    except ValueError:
+        return  # format() itself refuses it
+    for spec in specs:
+        if "{" in spec:
+            raise _OverBound("a format width taken from an argument")
+        _check_widths(re.findall(r"\d+", spec))
 
 
 class _Bounds:
@@ -208,7 +227,7 @@ def _environment_class() -> type:
                     count, seq = (left, right) if isinstance(left, int) else (right, left)
                     b.check_size(_size(seq, b.value_limit) * max(count, 0), "a repetition (`*`)")
             elif operator == "%" and isinstance(left, str):
-                _check_format(left)
+                _check_percent(left)
                 b.check_size(b.estimate_call(left, right if isinstance(right, tuple) else [right]), "a `%` format")
             elif operator == "+" and not (isinstance(left, (int, float)) and isinstance(right, (int, float))):
                 b.check_size(_size(left, b.value_limit) + _size(right, b.value_limit), "a `+`")
@@ -219,7 +238,8 @@ def _environment_class() -> type:
             # str.format comes wrapped by the sandbox (its format_string); the method itself is __wrapped__
             subject = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
             if isinstance(subject, str):  # a str method: 'x'.center(10**9), fmt.format(...), sep.join(...)
-                _check_format(subject)
+                if getattr(getattr(__obj, "__wrapped__", __obj), "__name__", "") in ("format", "format_map"):
+                    _check_format(subject)
                 b.check_size(b.estimate_call(subject, [*args, *kwargs.values()]), f"str.{getattr(__obj, '__name__', '?')}")
             return super().call(__context, __obj, *args, **kwargs)
 
@@ -236,6 +256,8 @@ def _bounded_filter(environment: Any, name: str, f: Any) -> Any:
         b = environment._bounds()
         values = args[1:] if pass_arg is not None else args
         if values:
+            if name == "format" and isinstance(values[0], str):  # `fmt|format(...)` is `fmt % (...)`
+                _check_percent(values[0])
             b.check_size(b.estimate_call(values[0], [*values[1:], *kwargs.values()]), f"the filter {name}")
         return f(*args, **kwargs)
 

@@ -37,6 +37,8 @@ HOSTILE = {
     "a % format width": "{{ '%999999999d' % 1 }}",
     "a % format star width": "{{ '%*d' % (999999999, 1) }}",
     "a str.format width": "{{ '{:>999999999}'.format(1) }}",
+    "a str.format nested width": "{{ '{:>{}}'.format(1, 999999999) }}",
+    "the format filter width": "{{ '%999999999d'|format(1) }}",
     "tojson indent": "{{ messages|tojson(indent=10**9) }}",
     "output too large": "{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}",
     "macro recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
@@ -76,6 +78,10 @@ def test_ordinary_templates_render_as_before() -> None:
                 "{% generation %}{{ m|tojson }}{% endgeneration %}{% endfor %}")
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "é"}]
     assert render(template, messages, variables={"bos_token": "<s>"}) == '<s>{"role": "user", "content": "é"}'
+    # What a user writes is data, not a format: percent signs, braces and large numbers pass through methods
+    prices = [{"role": "user", "content": "50% off 99999999 {0:>99999999} %999999999d"}]
+    template = "{% for m in messages %}{{ m['content'].strip()|trim ~ '|' ~ m['content'].upper() }}{% endfor %}"
+    assert render(template, prices) == "50% off 99999999 {0:>99999999} %999999999d|50% OFF 99999999 {0:>99999999} %999999999D"
     big = [{"role": "user", "content": "y" * 500_000}]  # large messages are room, not abuse
     assert render(CHAT_TEMPLATE, big).count("y") == 500_000
 
