@@ -316,3 +316,14 @@ def test_health_is_answered_while_idle_connections_hold_the_connection_bound(ser
     finally:
         for s in held:
             s.close()
+
+
+def test_bound_to_every_address_any_ip_is_served_but_a_name_must_still_be_allowed() -> None:
+    from bundler.serve_guard import ServeLimits
+
+    wildcard = ServeLimits(host="0.0.0.0", allowed_hosts=("svc.cluster.local",))
+    assert wildcard.host_allowed("10.1.2.3:8000") and wildcard.host_allowed("[fe80::1]:8000")
+    assert wildcard.host_allowed("svc.cluster.local:8000") and wildcard.host_allowed("localhost")
+    assert not wildcard.host_allowed("rebound.evil.example") and not wildcard.host_allowed("")
+    assert ServeLimits(allowed_hosts=("*",)).host_allowed("anything.example")
+    assert not ServeLimits().origin_allowed("null") and ServeLimits().origin_allowed("http://[::1]:8000")
