@@ -153,3 +153,38 @@ def test_serve_answers_400_for_a_hostile_template_and_health_stays_within_a_seco
         assert done.status_code == 200  # the raw prompt needs no template: the server still serves
     finally:
         assert server.stop() == 0
+
+
+# -- every place a template comes from goes through the bounded renderer ----------------------------------
+def test_a_template_in_chat_template_jinja_through_transformers_is_bounded(tmp_path: Path) -> None:
+    """chat_template.jinja sends the tokenizer to transformers' AutoTokenizer; its template is rendered here."""
+    from runner.chat_template import chat_ids
+    from runner.lean_tokenizer import LeanTokenizer, load_tokenizer
+    from tests.tinymodels import train_tokenizer, write_tokenizer
+
+    directory = write_tokenizer(tmp_path / "tok", train_tokenizer())
+    (directory / "chat_template.jinja").write_text(NESTED_LOOPS)
+    tokenizer = load_tokenizer(directory)
+    assert not isinstance(tokenizer, LeanTokenizer)
+    with pytest.raises(TemplateRefused, match="steps"):
+        chat_ids(tokenizer, HI)
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    tokenizer = load_tokenizer(directory)
+    want = tokenizer.apply_chat_template(HI, add_generation_prompt=True, tokenize=True)
+    assert chat_ids(tokenizer, HI) == list(want["input_ids"] if hasattr(want, "keys") else want)  # transformers' own ids
+
+
+def test_a_template_in_gguf_metadata_is_bounded(tmp_path: Path) -> None:
+    """A GGUF file's tokenizer.chat_template (the file's own llama.cpp tokenizer, as gguf_run loads it)."""
+    from runner.gguf_model import read_header
+    from runner.gguf_run import GGUFTokenizer
+    from tests.tinygguf import write_gguf
+
+    path = write_gguf(tmp_path / "model.gguf")
+    tokenizer = GGUFTokenizer(path, read_header(path)["metadata"])
+    tokenizer.llm.metadata["tokenizer.chat_template"] = NESTED_LOOPS  # as if the file carried it
+    with pytest.raises(TemplateRefused, match="steps"):
+        tokenizer.chat_ids(HI)
+    with pytest.raises(TemplateRefused, match="steps"):
+        tokenizer.prompt_ids("hi", raw=False)
+    assert tokenizer.prompt_ids("hi", raw=True)  # raw never renders it
