@@ -616,10 +616,13 @@ def serve(store: Store, ref: str, host: str, port: int, key_paths: tuple[str, ..
           header_timeout: float, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
     from bundler.serve import serve_bundle
-    from bundler.serve_guard import ServeLimits
+    from bundler.serve_guard import ServeLimits, connection_room
 
     limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
     if max_connections is not None:
+        if max_connections > connection_room():
+            raise BundleError("usage", f"--max-connections {max_connections} is above what the file limit leaves room for "
+                                       f"({connection_room()}); raise `ulimit -n` or ask for fewer")
         limits.max_connections = max_connections
 
     api_key = None

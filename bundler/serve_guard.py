@@ -40,6 +40,12 @@ def default_max_connections() -> int:
     return max(1, min(MAX_CONNECTIONS_CEILING, soft // 2, soft - RESERVED_FILES))
 
 
+def connection_room() -> int:
+    """Connections the process's soft file limit leaves room for, after RESERVED_FILES of its own."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 30 if soft == resource.RLIM_INFINITY else max(1, soft - RESERVED_FILES)
+
+
 def _host_name(value: str) -> str:
     """A Host header's or an address's name: lowercased, without port, brackets or a trailing dot."""
     value = value.strip().lower()

@@ -327,3 +327,17 @@ def test_bound_to_every_address_any_ip_is_served_but_a_name_must_still_be_allowe
     assert not wildcard.host_allowed("rebound.evil.example") and not wildcard.host_allowed("")
     assert ServeLimits(allowed_hosts=("*",)).host_allowed("anything.example")
     assert not ServeLimits().origin_allowed("null") and ServeLimits().origin_allowed("http://[::1]:8000")
+
+
+def test_max_connections_above_the_file_limit_is_a_usage_error(tmp_path: Path) -> None:
+    import resource
+    import subprocess
+    import sys
+
+    def low_file_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    proc = subprocess.run([sys.executable, "-m", "bundler", "serve", REF, "--store", str(tmp_path), "--max-connections", "1000"],
+                          capture_output=True, text=True, preexec_fn=low_file_limit, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: [usage] --max-connections 1000 is above")
