@@ -5,8 +5,10 @@ file's `tokenizer.chat_template`), so it is untrusted code. jinja2's sandbox kee
 internals but not from the machine's time and memory: `{% for a in range(99999) %}{% for b in range(99999) %}`
 runs for hours, `{{ 'x' * 10**10 }}` takes 10 GB. Here every render is bounded:
 
-- steps: each line the compiled template executes (every loop iteration included) is counted by a trace
-  hook on the template's own frames; over MAX_STEPS, or over the time limit, the render stops;
+- steps: every loop iteration and every call the template makes (macros and recursive loops included) is
+  counted; the template's syntax tree is rewritten at compile time so that each `for` iterates through a
+  counter; over MAX_STEPS, or over the time limit, the render stops. With no loop or call, a template runs
+  a number of operations bounded by its own length;
 - sizes: `*`, `**`, `%`, `+`, `~`, filters, method calls and printed values are checked for the size of what
   they would make *before* they run (a single C-level operation cannot be interrupted once started);
 - output: at most `output_limit` characters, counted as the template yields them.
@@ -21,7 +23,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -33,12 +34,11 @@ from bundler.errors import BundleError
 # Why these numbers: a real chat template (Llama 3, Qwen, SmolLM) runs a few dozen lines per message and a
 # few kB of its own text; the bounds sit orders of magnitude above that and orders below what hurts a server.
 MAX_TEMPLATE_CHARS = 256 << 10
-MAX_STEPS = 2_000_000  # template lines executed (loop iterations included)
+MAX_STEPS = 2_000_000  # loop iterations and calls
 TIME_LIMIT_S = 5.0
 OUTPUT_BASE_CHARS = 1 << 20  # the template's own text; the messages are added (twice: a template may repeat them)
 MAX_INT_BITS = 1 << 16  # integers a template computes (2**65536 is far past any count a template needs)
 MAX_FORMAT_WIDTH = 10_000  # a width or precision in a format string (`%9999999d`, `{:>9999999}`)
-TEMPLATE_FILENAME = "<template>"  # what jinja2 names the code compiled from a string: the frames we count
 
 
 class TemplateRefused(BundleError):
@@ -157,32 +157,55 @@ class _Bounds:
                 break
         return (_size(subject, self.value_limit) + 1) * grow
 
-    # -- the trace hooks: counted steps on the template's frames, sizes of `~` (str_join, markup_join) -----
-    def trace(self, frame: Any, event: str, _arg: Any) -> Any:
-        code = frame.f_code
-        if code.co_filename == TEMPLATE_FILENAME:
-            return self.step
-        if code in _JOIN_CODES:
-            self.check_size(_size(frame.f_locals.get("seq"), self.value_limit), "a `~` concatenation")
-        return None
-
-    def step(self, _frame: Any, _event: str, _arg: Any) -> Any:
+    def tick(self) -> None:
+        """One step (a loop iteration, a call): over MAX_STEPS or the deadline, the render stops."""
         self.steps += 1
         if self.steps > self.max_steps:
             raise _OverBound(f"more than {self.max_steps} steps (a loop too long)")
         if not self.steps & 1023 and time.monotonic() > self.deadline:
             raise _OverBound("over the time limit")
-        return self.step
 
 
-def _join_codes() -> frozenset:
-    from jinja2 import runtime
-
-    return frozenset(f.__code__ for f in (runtime.str_join, runtime.markup_join))
-
-
-_JOIN_CODES: frozenset = frozenset()
 _CURRENT = threading.local()  # the bounds of the render running on this thread (serve renders on several)
+COUNTED, CONCAT = "_bounded_iteration", "_bounded_concat"  # filter names of the rewritten tree
+
+
+def _current() -> _Bounds:
+    bounds = getattr(_CURRENT, "bounds", None)
+    return bounds if bounds is not None else _Bounds(OUTPUT_BASE_CHARS, MAX_STEPS, TIME_LIMIT_S)
+
+
+def _counted(iterable: Any) -> Any:
+    """What every `for` of a template iterates through (see _counting): one step per item."""
+    bounds = _current()
+    for item in iterable:
+        bounds.tick()
+        yield item
+
+
+def _concat(parts: list[Any]) -> str:
+    """`a ~ b ~ c` (jinja2's str_join), sized before it is made: doubling a string in a loop stops here."""
+    bounds = _current()
+    bounds.check_size(sum(_size(p, bounds.value_limit) for p in parts), "a `~` concatenation")
+    return "".join(map(str, parts))
+
+
+def _counting() -> Any:
+    """A syntax-tree pass: each `for` iterates through `_counted`, each `~` is `_concat` (both as filters)."""
+    from jinja2 import nodes
+    from jinja2.visitor import NodeTransformer
+
+    class Counting(NodeTransformer):
+        def visit_For(self, node: Any) -> Any:  # noqa: N802 - jinja2's visitor names
+            self.generic_visit(node)
+            node.iter = nodes.Filter(node.iter, COUNTED, [], [], None, None, lineno=node.lineno)
+            return node
+
+        def visit_Concat(self, node: Any) -> Any:  # noqa: N802
+            self.generic_visit(node)
+            return nodes.Filter(nodes.List(node.nodes, lineno=node.lineno), CONCAT, [], [], None, None, lineno=node.lineno)
+
+    return Counting()
 
 
 def _generation() -> type:
@@ -211,8 +234,10 @@ def _environment_class() -> type:
         intercepted_binops = frozenset(["*", "**", "%", "+"])
 
         def _bounds(self) -> _Bounds:
-            bounds = getattr(_CURRENT, "bounds", None)
-            return bounds if bounds is not None else _Bounds(OUTPUT_BASE_CHARS, MAX_STEPS, TIME_LIMIT_S)
+            return _current()
+
+        def _parse(self, source: str, name: str | None, filename: str | None) -> Any:
+            return _counting().visit(super()._parse(source, name, filename))
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             b = self._bounds()
@@ -235,6 +260,7 @@ def _environment_class() -> type:
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja2's signature
             b = __self._bounds()
+            b.tick()  # a macro calling itself twice runs 2**n calls with no loop
             # str.format comes wrapped by the sandbox (its format_string); the method itself is __wrapped__
             subject = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
             if isinstance(subject, str):  # a str method: 'x'.center(10**9), fmt.format(...), sep.join(...)
@@ -277,12 +303,10 @@ def _finalize(environment: Any) -> Any:
 @functools.lru_cache(maxsize=8)
 def _compiled(source: str) -> tuple[Any, Any]:
     """The environment and the compiled template (cached: serve renders the same template for every request)."""
-    global _JOIN_CODES
     import jinja2.ext
 
     if len(source) > MAX_TEMPLATE_CHARS:
         raise TemplateRefused(f"{len(source)} characters, more than the {MAX_TEMPLATE_CHARS} allowed")
-    _JOIN_CODES = _join_codes()
     env = _environment_class()(trim_blocks=True, lstrip_blocks=True,
                                extensions=[jinja2.ext.loopcontrols, _generation()])
     env.finalize = _finalize(env)
@@ -295,6 +319,7 @@ def _compiled(source: str) -> tuple[Any, Any]:
 
     env.filters["tojson"] = tojson
     env.filters = {name: _bounded_filter(env, name, f) for name, f in env.filters.items()}
+    env.filters.update({COUNTED: _counted, CONCAT: _concat})  # they bound themselves
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt)[:100])
     env.globals.pop("lipsum", None)  # lorem ipsum of any length; no chat template needs it
@@ -326,9 +351,7 @@ def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt
                "add_generation_prompt": add_generation_prompt}
     pieces: list[str] = []
     made = 0
-    previous = sys.gettrace()
     _CURRENT.bounds = bounds
-    sys.settrace(bounds.trace)
     try:
         for piece in template.generate(**context):
             made += len(piece)
@@ -346,7 +369,6 @@ def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt
     except Exception as exc:  # noqa: BLE001 - any error a template raises is the template's, not ours
         raise TemplateRefused(f"{type(exc).__name__} while rendering: {exc}"[:300]) from None
     finally:
-        sys.settrace(previous)
         _CURRENT.bounds = None
     return "".join(pieces)
 

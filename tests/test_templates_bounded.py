@@ -42,6 +42,7 @@ HOSTILE = {
     "tojson indent": "{{ messages|tojson(indent=10**9) }}",
     "output too large": "{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}",
     "macro recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "a macro calling itself twice, no loop": "{% macro f(n) %}{% if n < 40 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",
     "sandbox: class walk": "{{ ''.__class__.__mro__[1].__subclasses__() }}",
     "sandbox: mutating the messages": "{{ messages.append(1) }}",
     "raise_exception": "{{ raise_exception('this template refuses') }}",
@@ -82,11 +83,17 @@ def test_ordinary_templates_render_as_before() -> None:
     prices = [{"role": "user", "content": "50% off 99999999 {0:>99999999} %999999999d"}]
     template = "{% for m in messages %}{{ m['content'].strip()|trim ~ '|' ~ m['content'].upper() }}{% endfor %}"
     assert render(template, prices) == "50% off 99999999 {0:>99999999} %999999999d|50% OFF 99999999 {0:>99999999} %999999999D"
+    # loops keep jinja2's loop variable, else branch and recursive loops through the step counter
+    loops = "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{% if loop.last %}!{% endif %}{% else %}none{% endfor %}"
+    assert render(loops, HI * 2) == "1/22/2!" and render(loops, []) == "none"
+    assert render("{% for x in [1, [2, [3]]] recursive %}{{ loop(x) if x is iterable else x }}{% endfor %}", HI) == "123"
     big = [{"role": "user", "content": "y" * 500_000}]  # large messages are room, not abuse
     assert render(CHAT_TEMPLATE, big).count("y") == 500_000
 
 
 def test_a_render_leaves_any_trace_function_in_place() -> None:
+    """The bounds live in the template's rewritten syntax tree, not in a trace hook: debuggers and coverage see
+    every render."""
     import sys
 
     def tracer(frame, event, arg):
