@@ -327,6 +327,8 @@ def _compiled(source: str) -> tuple[Any, Any]:
         template = env.from_string(source)
     except jinja2.exceptions.TemplateError as exc:
         raise TemplateRefused(f"does not compile: {type(exc).__name__}: {exc}"[:300]) from None
+    except _OverBound as exc:  # jinja2 folds constant parts while compiling: a bound may be crossed there
+        raise TemplateRefused(str(exc)) from None
     except (RecursionError, MemoryError, ValueError, OverflowError) as exc:
         raise TemplateRefused(f"does not compile: {type(exc).__name__}") from None
     return env, template
