@@ -462,6 +462,18 @@ def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None
         raise click.BadParameter(err.message.removeprefix("--memory-budget ")) from None
 
 
+def _max_body(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from bundler.sizes import parse_size
+
+    try:
+        size = parse_size(value, "--max-body")
+    except BundleError as err:
+        raise click.BadParameter(err.message.removeprefix("--max-body ")) from None
+    if size < 1:
+        raise click.BadParameter("must be at least 1 byte")
+    return size
+
+
 def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """The prompt from --prompt TEXT, --prompt-file FILE, or stdin (`--prompt -`, or no --prompt when stdin is piped)."""
     if prompt is not None and prompt_file is not None:
@@ -614,11 +626,24 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
 @click.option("--memory-budget", callback=_memory_budget, help="Memory the pair may use: 300MB, 2GiB or bytes (default: available memory).")
 @click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
+@click.option("--max-body", default="1MiB", show_default=True, callback=_max_body, help="Largest request body (413 above it): 64KiB, 1MiB or bytes.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, help="Another Host name to answer for besides loopback and --host (repeatable; `*`: any, behind a proxy).")
+@click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600), help="Seconds a client has to send a request's headers.")
 @command
 def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
-          time_limit: float, attest_key: str | None, open_probes: bool, **options: Any) -> None:
+          time_limit: float, attest_key: str | None, open_probes: bool, max_body: int, allowed_hosts: tuple[str, ...], max_connections: int | None,
+          header_timeout: float, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
     from bundler.serve import serve_bundle
+    from bundler.serve_guard import ServeLimits, connection_room
+
+    limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
+    if max_connections is not None:
+        if max_connections > connection_room():
+            raise BundleError("usage", f"--max-connections {max_connections} is above what the file limit leaves room for "
+                                       f"({connection_room()}); raise `ulimit -n` or ask for fewer")
+        limits.max_connections = max_connections
 
     if (ref is None) == (from_dir is None):
         raise BundleError("usage", "give either REF or --from-dir DIR")
@@ -645,7 +670,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
 
     try:
         serve_bundle(store, parse_ref(ref) if ref else None, _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
-                     time_limit_s=time_limit, on_ready=ready, on_record=records.attach if records else None,
+                     time_limit_s=time_limit, limits=limits, on_ready=ready, on_record=records.attach if records else None,
                      from_dir=Path(from_dir) if from_dir else None, open_probes=open_probes, **options)
     finally:
         written = records.close() if records else None

@@ -24,7 +24,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+
+from bundler import serve_requests
+from bundler.serve_guard import RequestGuard, ServeLimits, protocol_class
+from bundler.serve_requests import ApiError
 
 # The context a served pair is sized for (memory preflight) and the longest generation a request may ask.
 SERVE_MAX_NEW_TOKENS = 1024
@@ -36,19 +41,6 @@ STATIC = Path(__file__).with_name("static")
 # specbundle_requests_total{status}: ok, stopped early by the client (cancelled), over the time limit (timeout),
 # refused by a full queue (rejected), a bad request (invalid), a failure while generating (error).
 STATUSES = ("ok", "cancelled", "timeout", "rejected", "invalid", "error")
-
-
-class ApiError(Exception):
-    """An OpenAI-style error answer: HTTP status, message, type, param, code."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -258,66 +250,6 @@ class Engine:
                 "health": self.health()["status"]}
 
 
-# -- request parsing ----------------------------------------------------------------------------------
-UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "tools": "tools", "tool_choice": "tools",
-               "functions": "tools", "function_call": "tools", "best_of": "best_of", "suffix": "suffix", "echo": "echo"}
-
-
-def _options(body: Mapping[str, Any], engine: Engine, prompt_ids: list[int], default_max: int) -> dict[str, Any]:
-    for key, what in UNSUPPORTED.items():
-        value = body.get(key)
-        if value not in (None, False, [], 0) and not (key == "best_of" and value == 1):
-            raise ApiError(400, f"{what} is not supported by this server", param=key, code="unsupported_parameter")
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise ApiError(400, "n > 1 is not supported: one choice per request", param="n", code="unsupported_parameter")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or default_max
-    temperature = 1.0 if body.get("temperature") is None else body["temperature"]
-    top_p = 1.0 if body.get("top_p") is None else body["top_p"]
-    seed, stop = body.get("seed"), body.get("stop") or []
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= SERVE_MAX_NEW_TOKENS:
-        raise ApiError(400, f"max_tokens must be an integer from 1 to {SERVE_MAX_NEW_TOKENS}", param="max_tokens")
-    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
-        raise ApiError(400, "temperature must be a number from 0 to 2", param="temperature")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ApiError(400, "top_p must be a number in (0, 1]", param="top_p")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise ApiError(400, "seed must be an integer", param="seed")
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, "stop must be a string or a list of up to 4 non-empty strings", param="stop")
-    if len(prompt_ids) > SERVE_PROMPT_TOKENS:
-        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; this server takes at most {SERVE_PROMPT_TOKENS}",
-                       param="prompt", code="context_length_exceeded")
-    return {"max_tokens": max_tokens, "temperature": float(temperature), "top_p": float(top_p), "seed": seed, "stop": stop}
-
-
-def _completion_prompt(body: Mapping[str, Any], engine: Engine) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise ApiError(400, "prompt must be one string (batches of prompts are not supported)", param="prompt")
-    return engine.pair.prompt_ids(prompt, raw=True)
-
-
-def _chat_prompt(body: Mapping[str, Any], engine: Engine) -> list[int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", param="messages")
-    plain = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ApiError(400, "only text content is supported", param="messages")
-            content = "".join(p.get("text", "") for p in content)
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(content, str):
-            raise ApiError(400, "each message needs a role (system, user, assistant) and text content", param="messages")
-        plain.append({"role": m["role"], "content": content})
-    return engine.pair.chat_ids(plain)
-
-
 # -- the app ------------------------------------------------------------------------------------------
 class Guard:
     """Pure ASGI middleware: the X-Bundle-Digest header on every response, and the API key check (compared in
@@ -353,10 +285,13 @@ class Guard:
 OPEN_PROBE_PATHS = ("/health", "/metrics")  # with open_probes: what Kubernetes probes and Prometheus scrapes read
 
 
-def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = False) -> Any:
-    """The FastAPI app over a running Engine; open_probes lets GET /health and /metrics answer without the API key."""
+def build_app(engine: Engine, api_key: str | None = None, limits: ServeLimits | None = None, open_probes: bool = False) -> Any:
+    """The FastAPI app over a running Engine, behind the request guard (bundler.serve_guard); open_probes lets
+    GET /health and /metrics answer without the API key."""
     app = FastAPI(title="specbundle", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
+    limits = limits or ServeLimits()
+    prompt_bytes = serve_requests.prompt_byte_limit(engine.pair.tokenizer, SERVE_PROMPT_TOKENS)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, err: ApiError) -> JSONResponse:
@@ -372,14 +307,16 @@ def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = Fa
     async def validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
         return JSONResponse(ApiError(400, f"invalid request: {err.errors()[:1]}").body(), status_code=400)
 
-    async def _body(request: Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise ApiError(400, "the body is not JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body must be a JSON object")
-        return body
+    def _prepare(raw: bytes, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
+        """The checked request and its prompt ids (parsing, tokenizing, the chat template): run in a thread."""
+        req = serve_requests.parse_request(serve_requests.parse_body(raw), chat=chat, max_new_tokens=SERVE_MAX_NEW_TOKENS,
+                                           default_max_tokens=DEFAULT_MAX_TOKENS if chat else 16)
+        serve_requests.check_prompt_bytes(req, prompt_bytes, SERVE_PROMPT_TOKENS)
+        return req, serve_requests.prompt_ids(engine.pair, req, SERVE_PROMPT_TOKENS)
+
+    async def _request(request: Request, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
+        # Only reading the body (bounded by the request guard) happens on the event loop.
+        return await run_in_threadpool(_prepare, await request.body(), chat)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -417,10 +354,9 @@ def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = Fa
     async def page() -> FileResponse:
         return FileResponse(STATIC / "status.html", media_type="text/html")
 
-    async def _generate(request: Request, body: dict[str, Any], prompt_ids: list[int], chat: bool) -> Response:
-        opts = _options(body, engine, prompt_ids, DEFAULT_MAX_TOKENS if chat else 16)
+    async def _generate(request: Request, req: serve_requests.CompletionRequest, prompt_ids: list[int], chat: bool) -> Response:
         loop = asyncio.get_running_loop()
-        job = Job(prompt_ids, opts["max_tokens"], opts["temperature"], opts["top_p"], opts["seed"], opts["stop"], loop,
+        job = Job(prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, req.stop, loop,
                   asyncio.Queue(), engine.time_limit_s)
         engine.submit(job)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -431,8 +367,8 @@ def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = Fa
             return {"prompt_tokens": done["prompt_tokens"], "completion_tokens": done["completion_tokens"],
                     "total_tokens": done["prompt_tokens"] + done["completion_tokens"]}
 
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if req.stream:
+            include_usage = req.include_usage
 
             def chunk(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
                 if chat:
@@ -464,6 +400,8 @@ def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = Fa
 
             return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+        # Not streamed: a client that goes away (http.disconnect) cancels the job all the same.
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         try:
             while True:
                 kind, value = await job.events.get()
@@ -473,6 +411,7 @@ def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = Fa
                     break
         finally:
             job.cancelled.set()
+            watcher.cancel()
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": value["text"]}, "logprobs": None,
                       "finish_reason": value["finish_reason"]}
@@ -483,15 +422,26 @@ def build_app(engine: Engine, api_key: str | None = None, open_probes: bool = Fa
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await _body(request)
-        return await _generate(request, body, _completion_prompt(body, engine), chat=False)
+        return await _generate(request, *await _request(request, chat=False), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await _body(request)
-        return await _generate(request, body, _chat_prompt(body, engine), chat=True)
+        return await _generate(request, *await _request(request, chat=True), chat=True)
 
-    return Guard(app, engine.info["digest"], api_key, OPEN_PROBE_PATHS if open_probes else ())
+    def refused(status: int) -> None:
+        engine.metrics.requests.labels(status="invalid").inc()
+
+    return Guard(RequestGuard(app, limits, on_refused=refused), engine.info["digest"], api_key, OPEN_PROBE_PATHS if open_probes else ())
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Sets job.cancelled when the client closes the connection (the body has been read: the next ASGI
+    message is http.disconnect); the worker stops at its next token."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancelled.set()
+            return
 
 
 def verify_checks(report: Any) -> list[str]:
@@ -520,7 +470,7 @@ def _server_class() -> type:
 def serve_bundle(
     store: Any, ref: Any, trusted: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8000,
     api_key: str | None = None, max_queue: int = 16, time_limit_s: float = REQUEST_TIME_LIMIT_S,
-    on_ready: Callable[[dict[str, Any]], None] | None = None, on_record: Callable[..., Any] | None = None,
+    limits: ServeLimits | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None, on_record: Callable[..., Any] | None = None,
     from_dir: Path | None = None, open_probes: bool = False, **options: Any,
 ) -> None:
     """Verify, gate, pair, preflight and load exactly as `bundle run` does (raising the same BundleError before
@@ -556,8 +506,9 @@ def serve_bundle(
     engine = handoff.get()
     if isinstance(engine, BaseException):
         raise engine
-    app = build_app(engine, api_key, open_probes)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    limits = limits or ServeLimits(host=host)
+    app = build_app(engine, api_key, limits, open_probes)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, http=protocol_class(limits),
                             timeout_graceful_shutdown=int(min(time_limit_s, 60)), lifespan="off")
     server = _server_class()(config)
     if on_ready:

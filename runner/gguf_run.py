@@ -8,18 +8,14 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from runner import gguf_model
+from runner import chat_template, gguf_model
 from runner.engines import llamacpp
 from runner.pair import LoadedPair
 from runner.pairing import check_memory
 
 
-def _template(text: str):
-    """A chat template from the file, compiled in jinja2's sandbox (as llama-cpp-python and transformers do):
-    a template cannot reach Python's internals however its file was made."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    return ImmutableSandboxedEnvironment().from_string(text)
+# The template's bos/eos variables render empty: llama.cpp adds bos itself (tokenizer.ggml.add_bos_token).
+NO_BOS_EOS = {"bos_token": "", "eos_token": ""}
 
 
 class GGUFTokenizer:
@@ -36,14 +32,13 @@ class GGUFTokenizer:
         return self.llm.detokenize(kept).decode("utf-8", "replace")
 
     def prompt_ids(self, prompt: str, raw: bool) -> list[int]:
-        """Through the file's chat template (tokenizer.chat_template, rendered with jinja2 as transformers
-        does) unless raw; bos added as the file says."""
+        """Through the file's chat template (tokenizer.chat_template, rendered as transformers does, bounded:
+        runner.chat_template) unless raw; bos added as the file says."""
         template = self.llm.metadata.get("tokenizer.chat_template")
         add_bos = bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))
         if raw or not template:
             return self.llm.tokenize(prompt.encode(), add_bos=add_bos, special=False)
-        text = _template(template).render(messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                          bos_token="", eos_token="")
+        text = chat_template.render(template, [{"role": "user", "content": prompt}], variables=NO_BOS_EOS)
         return self.llm.tokenize(text.encode(), add_bos=add_bos, special=True)
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -52,7 +47,7 @@ class GGUFTokenizer:
         add_bos = bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))
         if not template:
             return self.llm.tokenize("\n".join(m["content"] for m in messages).encode(), add_bos=add_bos, special=False)
-        text = _template(template).render(messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
+        text = chat_template.render(template, messages, variables=NO_BOS_EOS)
         return self.llm.tokenize(text.encode(), add_bos=add_bos, special=True)
 
     def eos_ids(self) -> set[int]:

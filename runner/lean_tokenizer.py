@@ -4,9 +4,8 @@ Why: importing transformers' AutoTokenizer costs about 1.6 s on this CPU (2 s mo
 classes), before `bundle run` can size its memory preflight by the prompt. A tokenizer.json that
 transformers' generic fast tokenizer (`PreTrainedTokenizerFast`, `TokenizersBackend`) uses exactly as it is
 written runs here on the `tokenizers` library, transformers' own backend, with the chat template rendered the
-way transformers renders it (a sandboxed jinja2 environment, trim_blocks and lstrip_blocks, loopcontrols,
-raise_exception, strftime_now, its tojson; the named special tokens as variables; the result encoded without
-special tokens added).
+way transformers renders it (runner.chat_template: transformers' sandboxed environment, bounded; the named
+special tokens as variables; the result encoded without special tokens added).
 
 `load_tokenizer` returns transformers' AutoTokenizer for anything where transformers would change the
 tokenizer while loading it: another tokenizer class, any tokenizer_config.json key outside CONFIG_KEYS
@@ -23,10 +22,10 @@ A directory transformers itself cannot load is BundleError("invalid-bundle"), no
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from runner import chat_template
 from bundler.errors import BundleError
 
 GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
@@ -146,7 +145,6 @@ class LeanTokenizer:
         self.special_tokens_map = {name: value for name in NAMED_SPECIAL if (value := _content(config.get(name))) is not None}
         eos = self.special_tokens_map.get("eos_token")
         self.eos_token_id = None if eos is None else self.backend.token_to_id(eos)
-        self._template = None
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
@@ -155,32 +153,14 @@ class LeanTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False, tokenize: bool = True):
-        """As transformers' apply_chat_template(messages, add_generation_prompt=..., tokenize=...) on one chat."""
+        """As transformers' apply_chat_template(messages, add_generation_prompt=..., tokenize=...) on one chat,
+        rendered by the bounded renderer (runner.chat_template)."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
-        text = self._compiled().render(messages=messages, tools=None, documents=None,
-                                       add_generation_prompt=add_generation_prompt, **self.special_tokens_map)
+        text = chat_template.render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                    variables=self.special_tokens_map)
         return self(text, add_special_tokens=False) if tokenize else text
-
-    def _compiled(self):
-        if self._template is None:
-            import jinja2
-            import jinja2.ext
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(message):
-                raise jinja2.exceptions.TemplateError(message)
-
-            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-            env.filters["tojson"] = tojson
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._template = env.from_string(self.chat_template)
-        return self._template
 
 
 def load_tokenizer(directory: Path):

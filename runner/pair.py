@@ -7,15 +7,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner import chat_template
+
 
 def prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
     """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
     if not raw and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-    else:
-        ids = tokenizer(prompt)
+        return chat_template.chat_ids(tokenizer, [{"role": "user", "content": prompt}])
+    ids = tokenizer(prompt)
     if isinstance(ids, Mapping) or hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
@@ -78,10 +77,7 @@ class LoadedPair:
         if hasattr(self.tokenizer, "chat_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
             return self.tokenizer.chat_ids(messages)
         if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, Mapping) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
+            return chat_template.chat_ids(self.tokenizer, messages)
         return prompt_ids(self.tokenizer, "\n".join(m.get("content", "") for m in messages), raw=True)
 
     def room(self, prompt_tokens: int, max_new_tokens: int) -> int:

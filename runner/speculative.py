@@ -52,7 +52,9 @@ class Sampler:
     """
 
     def __init__(self, temperature: float, top_p: float, seed: int | None, device: torch.device, vocab_size: int):
-        self.greedy = temperature <= 0.0
+        # A temperature below float32's smallest normal number divides the float32 logits by (nearly) 0: take its
+        # limit, argmax, rather than NaNs.
+        self.greedy = temperature < torch.finfo(torch.float32).tiny
         self.temperature, self.top_p, self.vocab_size = temperature, top_p, vocab_size
         self.generator = torch.Generator(device=device)
         if seed is not None:
@@ -62,10 +64,15 @@ class Sampler:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """(n, V) logits -> (n, vocab_size) float32 probabilities after temperature and top-p."""
-        probs = torch.softmax(logits[..., : self.vocab_size].float() / self.temperature, dim=-1)
+        logits = logits[..., : self.vocab_size].float()
+        # Shifted by the row's max before dividing (softmax is the same): a tiny temperature such as 1e-300 then
+        # gives -inf for every other token, a one-hot row, where logits / t would be inf - inf = NaN.
+        probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.temperature, dim=-1)
         if self.top_p < 1.0:
             sorted_p, order = probs.sort(dim=-1, descending=True)
-            sorted_p = sorted_p * ((sorted_p.cumsum(-1) - sorted_p) < self.top_p)  # keeps at least the top token
+            keep = (sorted_p.cumsum(-1) - sorted_p) < self.top_p
+            keep[..., 0] = True  # the top token always (a top_p of 5e-324 is 0 in float32)
+            sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
             probs = probs / probs.sum(-1, keepdim=True)
         return probs

@@ -162,12 +162,13 @@ def test_a_huge_array_count_is_refused_without_reading_it(tmp_path: Path) -> Non
 
 
 def test_a_chat_template_cannot_reach_pythons_internals() -> None:
-    """A GGUF file's chat template is rendered in jinja2's sandbox, like transformers' and llama-cpp-python's."""
-    from jinja2.exceptions import SecurityError
+    """A GGUF file's chat template is rendered in jinja2's sandbox, like transformers' and llama-cpp-python's
+    (runner.chat_template); a sandbox violation is a clean [invalid-bundle] refusal."""
+    from runner.chat_template import TemplateRefused, render
+    from runner.gguf_run import NO_BOS_EOS
 
-    from runner.gguf_run import _template
-
-    assert _template("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}").render(
-        messages=[{"role": "user", "content": "hi"}]) == "[user] hi"
-    with pytest.raises(SecurityError):
-        _template("{{ ''.__class__.__mro__[1].__subclasses__() }}").render()
+    assert render("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}",
+                  [{"role": "user", "content": "hi"}], variables=NO_BOS_EOS) == "[user] hi"
+    with pytest.raises(TemplateRefused) as err:
+        render("{{ ''.__class__.__mro__[1].__subclasses__() }}", [], variables=NO_BOS_EOS)
+    assert err.value.code == "invalid-bundle" and "sandbox" in err.value.message

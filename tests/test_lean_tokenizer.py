@@ -139,9 +139,10 @@ def test_files_beside_the_config_that_transformers_reads_go_to_autotokenizer(tmp
 
 
 def test_a_chat_template_cannot_reach_pythons_internals(tmp_path: Path, trained) -> None:
-    from jinja2.exceptions import SecurityError
+    from runner.chat_template import TemplateRefused
 
     lean = load_tokenizer(_dir(tmp_path, trained, chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}"))
     assert isinstance(lean, LeanTokenizer)
-    with pytest.raises(SecurityError):
+    with pytest.raises(TemplateRefused) as err:  # the sandbox's refusal, as a clean [invalid-bundle]
         lean.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert err.value.code == "invalid-bundle" and "sandbox" in err.value.message
