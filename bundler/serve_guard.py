@@ -109,7 +109,9 @@ class RequestGuard:
         for name, value in scope.get("headers") or []:
             headers.setdefault(name.lower(), []).append(value)
         hosts = headers.get(b"host", [])
-        if len(hosts) != 1 or not self.limits.host_allowed(hosts[0].decode("latin-1")):
+        # No Host at all is an HTTP/1.0 client such as a load balancer's health check (haproxy's `option
+        # httpchk`); a browser always sends one, so DNS rebinding is judged on the Host a request carries.
+        if len(hosts) > 1 or (hosts and not self.limits.host_allowed(hosts[0].decode("latin-1"))):
             return await self._refuse(send, ApiError(400, "this server does not answer for that Host (allow it with "
                                                           "--allowed-host)", code="invalid_host"))
         origins = headers.get(b"origin", [])

@@ -110,6 +110,9 @@ class Manifests:
         return self.main()["readinessProbe"]
 
 
+NAMESPACE = "default"  # the namespace the harness's pods run in (the downward API's metadata.namespace)
+
+
 def expand(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes' $(VAR) expansion in command and args: defined names replaced, `$$` is `$`, others left."""
     return _VAR.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
@@ -129,7 +132,11 @@ def container_process(container: Mapping[str, Any], manifests: Manifests, mounts
     for source in container.get("envFrom") or []:
         env.update(manifests.config_maps[source["configMapRef"]["name"]])
     for item in container.get("env") or []:
-        env[item["name"]] = expand(str(item["value"]), env)
+        if "value" in item:
+            env[item["name"]] = expand(str(item["value"]), env)
+        else:  # the downward API: only the fields the manifests use
+            field = item["valueFrom"]["fieldRef"]["fieldPath"]
+            env[item["name"]] = {"metadata.namespace": NAMESPACE}[field]
     env.update(env_overrides)
     paths = {m["mountPath"]: mounts[m["name"]] for m in container.get("volumeMounts") or []}
 

@@ -194,6 +194,19 @@ def test_well_formed_edge_values_are_served(server: Server) -> None:
 
 
 # -- browsers: Host, Origin, Content-Type -----------------------------------------------------------------
+def test_a_request_without_host_such_as_a_load_balancers_health_check_is_answered(server: Server) -> None:
+    """HTTP/1.0 without a Host header, as haproxy's `option httpchk` sends it: answered; two Host headers are not."""
+    import socket
+
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    for request, status in ((b"GET /health HTTP/1.0\r\n\r\n", b" 200 "),
+                            (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n", b" 400 ")):
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(request)
+            head = conn.recv(64)
+        assert head.startswith(b"HTTP/1.1") and status in head.split(b"\r\n", 1)[0], (request, head)
+
+
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example", "localhost.evil.example", "10.0.0.1"])
 def test_a_host_the_server_was_not_bound_for_is_refused_dns_rebinding(server: Server, host: str) -> None:
     for method, path in (("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions")):
