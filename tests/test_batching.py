@@ -1,0 +1,132 @@
+"""Continuous batching on the llama.cpp engine (runner.batching): several generations in one llama.cpp context,
+one sequence id each, on a tiny GGUF pair written by the test (tests/tinygguf.py). A request's output does not
+depend on what else is in the batch: greedy equals its single-request greedy; sampling follows the target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner.batching import BatchedGenerator, default_sequences
+from runner.engines.llamacpp import load
+from runner.speculative import generate_plain
+from tests.tinygguf import write_gguf
+
+PROMPTS = [[261, 223, 83, 87, 75, 307, 270], [83, 87], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311],
+           [261], [75, 76, 77, 78], [90, 91, 92, 93, 94, 95], [270, 261, 223], [120, 121, 122, 123, 124]]
+N_CTX = 256
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf-batch")
+    target = load(write_gguf(d / "target.gguf", seed=0, hidden=128, layers=2, logit_scale=3), n_ctx=N_CTX, threads=1)
+    # the target's own first layer (a layer-skip draft): it agrees often, not always
+    draft = load(write_gguf(d / "draft.gguf", seed=0, hidden=128, layers=1, logit_scale=3), n_ctx=N_CTX, threads=1)
+    return target, draft
+
+
+def _single(target, prompt: list[int], n: int) -> list[int]:
+    return generate_plain(target, prompt, n).tokens
+
+
+@pytest.mark.parametrize("speculate", [False, True], ids=["plain", "speculative"])
+def test_batched_greedy_equals_single_request_greedy_in_a_batch_of_8(pair, speculate: bool) -> None:
+    target, draft = pair
+    generator = BatchedGenerator(target, draft if speculate else None, sequences=8, n_ctx_seq=N_CTX, draft_tokens=3, guard=False)
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 24} for p in PROMPTS])
+    assert max(generator.batch_sizes) == 8
+    for prompt, s in zip(PROMPTS, seqs):
+        assert s.tokens == _single(target, prompt, 24), prompt
+    if speculate:
+        drafted = sum(s.stats.drafted for s in seqs)
+        accepted = sum(s.stats.accepted for s in seqs)
+        assert drafted and 0 < accepted < drafted  # both verify outcomes ran in the batch
+
+
+def test_requests_join_and_leave_mid_batch_and_their_ids_are_reused(pair) -> None:
+    target, draft = pair
+    generator = BatchedGenerator(target, draft, sequences=3, n_ctx_seq=N_CTX, draft_tokens=2, guard=False)
+    lengths = [5, 30, 12, 3, 20, 9]
+    active: list[list[int]] = []
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": n} for p, n in zip(PROMPTS, lengths)],
+                         on_step=lambda: active.append([s.seq for s in generator.active()]))
+    for prompt, n, s in zip(PROMPTS, lengths, seqs):
+        assert s.done and s.tokens == _single(target, prompt, n)
+    assert max(len(a) for a in active) == 3 and len({s.seq for s in seqs}) == 3  # six requests through three ids
+    # the second request (30 tokens) was decoding while others joined after it and left before it
+    assert any(seqs[1].seq in a and seqs[4].seq in a for a in active)
+    assert generator.free() == 3 and generator.target.lengths == [0, 0, 0] and generator.draft.lengths == [0, 0, 0]
+
+
+def test_a_cancelled_sequence_leaves_at_once_and_its_cache_cells_are_removed(pair) -> None:
+    import llama_cpp
+
+    target, draft = pair
+    generator = BatchedGenerator(target, draft, sequences=2, n_ctx_seq=N_CTX, draft_tokens=2, guard=False)
+    stays = generator.add(PROMPTS[0], 16)
+    leaves = generator.add(PROMPTS[2], 16)
+    for _ in range(3):
+        generator.step()
+    assert generator.target.lengths[leaves.seq] > len(PROMPTS[2])
+    generator.cancel(leaves)
+    memory = llama_cpp.llama_get_memory(generator.target.ctx)
+    assert generator.free() == 1 and llama_cpp.llama_memory_seq_pos_max(memory, leaves.seq) == -1
+    joined = generator.add(PROMPTS[3], 8)  # a new request takes the freed id
+    assert joined.seq == leaves.seq
+    while generator.active():
+        generator.step()
+    assert stays.tokens == _single(target, PROMPTS[0], 16) and joined.tokens == _single(target, PROMPTS[3], 8)
+
+
+def test_on_tokens_returning_true_stops_the_sequence_after_that_step(pair) -> None:
+    target, _ = pair
+    generator = BatchedGenerator(target, None, sequences=2, n_ctx_seq=N_CTX)
+    seen: list[list[int]] = []
+    s = generator.add(PROMPTS[0], 50, on_tokens=lambda new: seen.append(new) or len(seen) == 4)
+    while generator.active():
+        generator.step()
+    assert len(s.tokens) == 4 and generator.free() == 2
+
+
+def test_sampled_first_tokens_follow_the_target_distribution_in_a_batch(pair) -> None:
+    """800 seeded requests, 8 at a time, k=2: the first two tokens' marginals match the target's own softmax
+    within 0.1 total variation, while the draft's first-token distribution is more than 0.3 away."""
+    target, draft = pair
+    runs, vocab, prompt = 800, target.vocab_size, PROMPTS[0]
+    generator = BatchedGenerator(target, draft, sequences=8, n_ctx_seq=N_CTX, draft_tokens=2, adaptive=False, guard=False)
+    seqs = generator.run([{"prompt_ids": prompt, "max_new_tokens": 2, "temperature": 1.0, "seed": seed} for seed in range(runs)])
+    assert sum(s.stats.drafted for s in seqs) > runs // 2  # the draft took part
+    counts = torch.zeros(2, vocab)
+    for s in seqs:
+        for position, token in enumerate(s.tokens):
+            counts[position, token] += 1
+    target.reset(len(prompt) + 2)
+    p1 = torch.softmax(target.forward(torch.tensor(prompt), last_only=True)[0], -1)
+    draft.reset(len(prompt) + 1)
+    q1 = torch.softmax(draft.forward(torch.tensor(prompt), last_only=True)[0], -1)
+    p2 = torch.zeros(vocab)
+    for first in torch.nonzero(p1 > 1e-4).view(-1).tolist():
+        p2 += p1[first] * torch.softmax(target.forward(torch.tensor([first]), last_only=True)[0], -1)
+        target.crop(1)
+    assert 0.5 * (p1 - q1).abs().sum() > 0.3
+    for position, exact in enumerate((p1, p2)):
+        assert 0.5 * (counts[position] / runs - exact / exact.sum()).abs().sum() < 0.1, position
+
+
+def test_each_sequence_keeps_its_own_guard_and_falls_back_alone(pair, tmp_path) -> None:
+    """A draft that never agrees (another random model) with the guard on: each sequence's guard falls back
+    on its own costs, and the output is still the target's."""
+    target, _ = pair
+    stranger = load(write_gguf(tmp_path / "stranger.gguf", seed=7, hidden=32, layers=1, heads=2, kv_heads=1, logit_scale=3), n_ctx=N_CTX, threads=1)
+    generator = BatchedGenerator(target, stranger, sequences=4, n_ctx_seq=N_CTX, draft_tokens=3, guard=True)
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 64} for p in PROMPTS[:4]])
+    for prompt, s in zip(PROMPTS, seqs):
+        assert s.tokens == _single(target, prompt, 64)
+        assert s.stats.fallback is not None and s.stats.plain_steps > s.stats.speculative_iterations
+
+
+def test_default_sequences_fit_the_memory_left() -> None:
+    assert default_sequences(100, 1000) == 8  # capped
+    assert default_sequences(100, 350) == 3
+    assert default_sequences(100, 50) == 1  # one always (the preflight already checked one)
