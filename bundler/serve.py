@@ -148,7 +148,7 @@ class Engine:
 
     def __init__(self, pair: Any, bundle: Mapping[str, Any], checks: list[str], max_queue: int,
                  time_limit_s: float = REQUEST_TIME_LIMIT_S, on_record: Callable[[dict, list[int], str], None] | None = None,
-                 sequences: int | None = None):
+                 batching: Mapping[str, Any] | None = None):
         self.pair, self.bundle, self.checks = pair, dict(bundle), checks
         self.time_limit_s, self.on_record = time_limit_s, on_record
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
@@ -170,7 +170,7 @@ class Engine:
         if self.info["engine"] == "llama.cpp":
             from bundler.serve_batch import BatchWorker
 
-            self.batch = BatchWorker(self, sequences)
+            self.batch = BatchWorker(self, **(batching or {}))
 
     # -- the worker ---------------------------------------------------------------------------------
     def work(self) -> None:
@@ -549,11 +549,12 @@ def serve_bundle(
     store: Any, ref: Any, trusted: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8000,
     api_key: str | None = None, max_queue: int = 16, time_limit_s: float = REQUEST_TIME_LIMIT_S,
     on_ready: Callable[[dict[str, Any]], None] | None = None, on_record: Callable[..., Any] | None = None,
-    sequences: int | None = None, **options: Any,
+    sequences: int | None = None, speculate: bool = True, **options: Any,
 ) -> None:
     """Verify, gate, pair, preflight and load exactly as `bundle run` does (raising the same BundleError before
     the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first.
-    sequences: requests decoded at once on the llama.cpp engine (default: as many KV caches as fit, at most 8)."""
+    sequences: requests decoded at once on the llama.cpp engine (default: as many KV caches as fit, at most 8);
+    speculate False: the target alone there (a baseline for benchmarks/serve_load.py)."""
     import uvicorn
 
     from bundler.runbundle import loaded_bundle
@@ -568,7 +569,8 @@ def serve_bundle(
         try:
             with loaded_bundle(store, ref, trusted, (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS), **options) as (pair, info, report):
                 engine = Engine(pair, info, verify_checks(report), max_queue, time_limit_s,
-                                on_record=on_record(report, pair) if on_record else None, sequences=sequences)
+                                on_record=on_record(report, pair) if on_record else None,
+                                batching={"sequences": sequences, "speculate": speculate})
                 handoff.put(engine)
                 engine.work()
         except BaseException as exc:  # noqa: BLE001 - a refusal while loading is raised again by the main thread

@@ -28,7 +28,7 @@ BATCH_WINDOW = 64  # recent steps whose mean batch size the status page shows
 class BatchWorker:
     """The batched decoding loop of one serve Engine (its pair, queue and metrics)."""
 
-    def __init__(self, engine: "Engine", sequences: int | None = None) -> None:
+    def __init__(self, engine: "Engine", sequences: int | None = None, speculate: bool = True) -> None:
         pair = engine.pair
         if sequences is None:  # as many KV caches of the full context as fit beside what is loaded
             memory = pair.memory
@@ -36,7 +36,7 @@ class BatchWorker:
         params = pair.params
         self.engine = engine
         self.generator = BatchedGenerator(
-            pair.target, pair.draft, sequences=sequences, n_ctx_seq=pair.context_tokens, draft_tokens=pair.draft_tokens,
+            pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens, draft_tokens=pair.draft_tokens,
             adaptive=bool(params.get("adaptive", True)), draft_confidence=float(params.get("draft_confidence", 0.0)),
             eos_ids=pair.eos_ids, min_acceptance=float(params.get("min_acceptance", 0.0)),
             guard=bool(params.get("guard", True)), vocab_size=pair.vocab_size,

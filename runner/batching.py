@@ -135,6 +135,7 @@ class Sequence:
     _draft_s: float = 0.0
     _draft_catch_up: bool = False
     _observe: tuple[int, int, float] | None = None  # this step's speculative iteration, for the guard
+    _budget: int = 0  # drafts planned this step
 
 
 def _share(seconds: float, rows: list[tuple[int, list[int], bool]]) -> list[float]:
@@ -228,7 +229,7 @@ class BatchedGenerator:
             judge = s.guard
             remaining = s.max_new_tokens - len(s.tokens) - 1
             wants = self.draft is not None and (judge is None or judge.drafting(len(s.tokens)))
-            plan[s.seq] = min(s.k, judge.k_cap if judge else s.k, remaining) if wants else 0
+            plan[s.seq] = s._budget = min(s.k, judge.k_cap if judge else s.k, remaining) if wants else 0
         drafts, qs = self._draft_all([s for s in decoding if plan[s.seq] > 0], plan)
 
         rows: list[tuple[int, list[int], bool]] = []
@@ -368,8 +369,7 @@ class BatchedGenerator:
         else:  # all accepted: the draft has not run its own last token yet
             s.behind = [drafted[-1], token]
         s.last = token
-        budget = min(s.k, s.guard.k_cap if s.guard else s.k)
-        if self.adaptive and kk == budget == s.k:
+        if self.adaptive and s._budget == s.k:  # a draft length cut by the guard or the end says nothing
             s.k = _adapt(s.k, kk, n, 2 * self.draft_tokens)
         s._observe = (kk, n, spec_s)
         return new
