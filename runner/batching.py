@@ -46,6 +46,7 @@ class SharedContext:
 
     def __init__(self, engine: LlamaCppEngine, sequences: int, n_ctx_seq: int) -> None:
         import llama_cpp
+        from llama_cpp._utils import suppress_stdout_stderr
 
         self._lib = llama_cpp
         params = llama_cpp.llama_context_default_params()
@@ -56,7 +57,8 @@ class SharedContext:
         params.kv_unified = False
         params.no_perf = True
         self._engine = engine  # the model must outlive this context
-        self.ctx = llama_cpp.llama_init_from_model(engine.llm.model, params)
+        with suppress_stdout_stderr(disable=False):  # llama.cpp's start-up log, as the engine's Llama(verbose=False)
+            self.ctx = llama_cpp.llama_init_from_model(engine.llm.model, params)
         if not self.ctx:
             raise RuntimeError(f"llama.cpp could not create a context for {sequences} sequences of {n_ctx_seq} tokens")
         self._memory = llama_cpp.llama_get_memory(self.ctx)
