@@ -78,7 +78,9 @@ class SharedContext:
 
     def decode(self, rows: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
         """One llama_decode of rows (sequence, tokens, all_logits) appended to their sequences' caches (at
-        most N_BATCH tokens in all); returns each row's logits: (len(tokens), V), or (1, V) for its last."""
+        most N_BATCH tokens in all); returns each row's logits: (len(tokens), V), or (1, V) for its last.
+        The arrays are views of the context's buffer, valid until its next decode (a copy of a verify pass's
+        rows would cost more than their argmax): use them before decoding again."""
         batch, lib = self._batch, self._lib
         i = 0
         for seq, tokens, all_logits in rows:
@@ -97,9 +99,8 @@ class SharedContext:
             raise RuntimeError("llama_decode failed (the KV cache is full?)")
         outputs = sum(len(t) if a else 1 for _, t, a in rows if t)
         pointer = lib.llama_get_logits(self.ctx)
-        # the context reuses its buffer on the next decode: copy
         block = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
-                                      shape=(outputs, self.vocab_size)).copy() if outputs else None
+                                      shape=(outputs, self.vocab_size)) if outputs else None
         out, row = [], 0
         for seq, tokens, all_logits in rows:
             self.lengths[seq] += len(tokens)
@@ -310,7 +311,7 @@ class BatchedGenerator:
         out = None
         for i in range(0, len(tokens), N_BATCH):
             out = ctx.decode([(seq, tokens[i : i + N_BATCH], False)])[0]
-        return [out]
+        return [out.copy()]  # the next row's passes reuse the buffer
 
     def _prefilled(self, s: Sequence, chunk: list[int], out: np.ndarray, seconds: float) -> list[int] | None:
         s.prefilled += len(chunk)

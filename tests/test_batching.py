@@ -156,6 +156,20 @@ def test_each_sequence_keeps_its_own_guard_and_falls_back_alone(pair, stranger) 
         assert s.stats.fallback is not None and s.stats.plain_steps > s.stats.speculative_iterations
 
 
+def test_long_prompts_are_prefilled_in_chunks_and_caught_up_by_the_draft(tmp_path) -> None:
+    """Prompts longer than one batch (512 tokens): the target prefills them over several steps while another
+    request decodes, and the draft's first pass over them (more than a batch in all) runs one at a time."""
+    target_file = write_gguf(tmp_path / "target.gguf", seed=0, hidden=128, layers=2, logit_scale=3)
+    target = load(target_file, n_ctx=1024, threads=1)
+    draft = load(write_gguf(tmp_path / "draft.gguf", seed=0, hidden=128, layers=1, logit_scale=3), n_ctx=1024, threads=1)
+    prompts = [[100 + i % 200 for i in range(700)], [50 + i % 150 for i in range(300)], [60 + i % 140 for i in range(320)], PROMPTS[0]]
+    generator = BatchedGenerator(target, draft, sequences=4, n_ctx_seq=1024, draft_tokens=3, guard=False)
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 12} for p in prompts])
+    for prompt, s in zip(prompts, seqs):
+        assert s.stats.drafted and _equal_up_to_ties(target, prompt, s.tokens, 12), len(prompt)
+    assert [n for _, n in seqs[0].stats.target_calls[:2]] == [512, 700 - 512]  # a batch's worth, then the rest
+
+
 def test_default_sequences_fit_the_memory_left() -> None:
     assert default_sequences(100, 1000) == 8  # capped
     assert default_sequences(100, 350) == 3
