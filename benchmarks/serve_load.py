@@ -4,7 +4,7 @@
 - `llama-server` is built from the llama.cpp source that the installed llama-cpp-python vendors (opt-in:
   `--build`; the sdist is fetched with pip, built with the engine's flags, and cached in
   ~/.cache/specbundle/llama-server, outside the repository);
-- both are driven by the same client: streamed `/v1/completions` over held-out raw prompts
+- both are driven by the same client: streamed `/v1/chat/completions` over held-out prompts
   (benchmarks/prompts.jsonl), greedy, a fresh connection per request, at 1, 4 and 8 concurrent clients;
 - per configuration: aggregate tokens/s (all completion tokens over the wall time), time to first token
   p50/p99, inter-token latency p50/p99 (the gaps between streamed pieces of text, over the tokens in them);
@@ -113,13 +113,15 @@ class Process:
 
 
 def stream(url: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed greedy completion: time to first text, the gaps between pieces of text, tokens in all."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    """One streamed greedy chat completion (each server applies the GGUF file's chat template: the demo's
+    instruct model answers a raw question with its end token at once): time to first text, the gaps between
+    pieces of text, tokens in all."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "model": "m"}
     start = time.perf_counter()
     pieces: list[float] = []
     usage = None
-    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/completions", json=body) as r:
+    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: {"):
@@ -127,7 +129,7 @@ def stream(url: str, prompt: str, max_tokens: int) -> dict:
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 usage = chunk["usage"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
+            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
                 pieces.append(time.perf_counter())
     tokens = int(usage["completion_tokens"]) if usage else len(pieces)
     gaps = [b - a for a, b in zip(pieces, pieces[1:])]
