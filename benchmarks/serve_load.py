@@ -193,7 +193,8 @@ def main() -> None:
                         "--port", str(port), "--sequences", str(max(levels)), "--max-queue", "64"]
                 return Process(argv + (["--no-draft"] if name == "bundle-plain" else []), port, {"PYTHONPATH": str(ROOT)})
             argv = [str(binary), "-m", str(files["target"]), "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
-                    "-tb", str(threads), "-np", str(clients), "-c", str(ctx_seq * clients), "--no-webui", "--log-disable"]
+                    "-tb", str(threads), "-np", str(clients), "-c", str(ctx_seq * clients), "-b", "512", "-ub", "512",
+                    "--no-webui", "--log-disable"]  # the batch sizes of runner.engines.llamacpp
             if name == "llama-draft":
                 argv += ["--spec-type", "draft-simple", "-md", str(files["draft"]), "--spec-draft-n-max", str(args.draft_max),
                          "-td", str(threads), "-tbd", str(threads)]

@@ -2,7 +2,8 @@
 Prometheus metrics (prometheus_client), a health state driven by the acceptance rate, and a status page.
 
 One decoding worker thread owns the models (it loads them too, see serve_bundle); requests wait in a bounded
-FIFO queue. The HTTP side is asyncio: the worker hands text back to the request's event loop with
+FIFO queue. On the llama.cpp engine the worker decodes several requests at once in one batch
+(bundler.serve_batch); on the torch engine one at a time. The HTTP side is asyncio: the worker hands text back to the request's event loop with
 `call_soon_threadsafe`.
 """
 
@@ -570,7 +571,8 @@ def serve_bundle(
             with loaded_bundle(store, ref, trusted, (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS), **options) as (pair, info, report):
                 engine = Engine(pair, info, verify_checks(report), max_queue, time_limit_s,
                                 on_record=on_record(report, pair) if on_record else None,
-                                batching={"sequences": sequences, "speculate": speculate})
+                                batching={"sequences": sequences, "speculate": speculate,
+                                          "memory_budget": options.get("memory_budget")})
                 handoff.put(engine)
                 engine.work()
         except BaseException as exc:  # noqa: BLE001 - a refusal while loading is raised again by the main thread

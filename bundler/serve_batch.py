@@ -15,8 +15,9 @@ import queue
 import time
 from typing import TYPE_CHECKING, Any
 
+from bundler.errors import BundleError
 from runner.batching import BatchedGenerator, Sequence, default_sequences
-from runner.pairing import available_memory
+from runner.pairing import available_memory, check_memory
 from runner.run_history import RunHistory
 
 if TYPE_CHECKING:
@@ -28,19 +29,28 @@ BATCH_WINDOW = 64  # recent steps whose mean batch size the status page shows
 class BatchWorker:
     """The batched decoding loop of one serve Engine (its pair, queue and metrics)."""
 
-    def __init__(self, engine: "Engine", sequences: int | None = None, speculate: bool = True) -> None:
+    def __init__(self, engine: "Engine", sequences: int | None = None, speculate: bool = True,
+                 memory_budget: int | None = None) -> None:
         pair = engine.pair
+        memory, kv = pair.memory, int(pair.memory["kv_cache_bytes"])  # kv: both models' caches of one sequence
         if sequences is None:  # as many KV caches of the full context as fit beside what is loaded
-            memory = pair.memory
-            sequences = default_sequences(int(memory["kv_cache_bytes"]), available_memory("cpu") - int(memory["total_bytes"]))
+            left = (memory_budget if memory_budget is not None else available_memory("cpu")) - int(memory["total_bytes"])
+            sequences = default_sequences(kv, left)
+        else:  # the memory preflight, for the batch's caches beside the loaded pair's own
+            check_memory({**memory, "kv_cache_bytes": kv * (1 + sequences), "total_bytes": int(memory["total_bytes"]) + kv * sequences,
+                          "max_tokens": f"{sequences} x {pair.context_tokens}"}, memory_budget, "cpu")
         params = pair.params
         self.engine = engine
-        self.generator = BatchedGenerator(
-            pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens, draft_tokens=pair.draft_tokens,
-            adaptive=bool(params.get("adaptive", True)), draft_confidence=float(params.get("draft_confidence", 0.0)),
-            eos_ids=pair.eos_ids, min_acceptance=float(params.get("min_acceptance", 0.0)),
-            guard=bool(params.get("guard", True)), vocab_size=pair.vocab_size,
-        )
+        try:
+            self.generator = BatchedGenerator(
+                pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens,
+                draft_tokens=pair.draft_tokens, adaptive=bool(params.get("adaptive", True)),
+                draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=pair.eos_ids,
+                min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
+                vocab_size=pair.vocab_size,
+            )
+        except RuntimeError as exc:  # llama.cpp could not allocate the contexts
+            raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
         self.sequences = sequences
         self.history = RunHistory()  # this server's requests only: nothing is written
         self.live_jobs: dict[int, tuple["Job", "JobStream", Sequence, bool]] = {}

@@ -185,3 +185,12 @@ def test_status_page_figures_name_the_batch(server: Server) -> None:
     assert live["sequences"] == 8 and live["active_sequences"] == 0
     threading.Thread(target=_complete, args=(server, PROMPTS[0], 8)).start()
     _wait(lambda: _live(server)["batch_size"] is not None, "a batch size")
+
+
+def test_more_sequences_than_the_memory_budget_holds_are_refused_before_the_port_opens(store: Path, keypair) -> None:
+    result = run_bundle("serve", REF, "--key", str(keypair[1]), "--store", str(store / "store"), "--port", "1",
+                        "--sequences", "64", "--memory-budget", "80MB")
+    # (llama.cpp's own warnings about the tiny files' training context may come first, from loading the pair)
+    last = result.err.strip().splitlines()[-1]
+    assert result.code == 4 and last.startswith("error: [memory-budget]") and "64 x" in last
+    assert "Traceback" not in result.err
