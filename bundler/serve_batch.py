@@ -122,10 +122,11 @@ class BatchWorker:
         stats = s.stats.as_dict()
         result = {"text": self.engine.pair.tokenizer.decode(s.tokens, skip_special_tokens=True), "tokens": s.tokens,
                   "stats": stats, "positions": {"drafted": list(s.stats.drafted_at), "accepted": list(s.stats.accepted_at)}}
+        finished = not job.cancelled.is_set()  # read before `done` is sent: the client's side then sets it
         try:
             self.engine.finish(job, stream, result)
         finally:
-            if not job.cancelled.is_set():
+            if finished:
                 self.history.record(stats, advised=advised, seeded=job.seed is not None and job.temperature > 0.0)
             self.engine.busy = bool(self.live_jobs)
             self.engine.metrics.active.set(len(self.live_jobs))

@@ -194,3 +194,30 @@ def test_more_sequences_than_the_memory_budget_holds_are_refused_before_the_port
     last = result.err.strip().splitlines()[-1]
     assert result.code == 4 and last.startswith("error: [memory-budget]") and "64 x" in last
     assert "Traceback" not in result.err
+
+
+def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_from_the_first_token(tmp_path: Path, keypair) -> None:
+    """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
+    random model) falls back in each request; from the fourth request on, the draft does not run at all."""
+    from tests.tinygguf import write_gguf
+    from tests.tinymodels import train_tokenizer, write_kitfile, write_tokenizer
+
+    ctx = tmp_path / "ctx"
+    (ctx / "target").mkdir(parents=True)
+    (ctx / "draft").mkdir()
+    write_gguf(ctx / "target" / "model.gguf", seed=0, hidden=128, layers=2, logit_scale=3)
+    write_gguf(ctx / "draft" / "model.gguf", seed=7, hidden=32, layers=1, heads=2, kv_heads=1, logit_scale=3)
+    write_tokenizer(ctx / "tokenizer", train_tokenizer())
+    write_kitfile(ctx, speculative={"draft_tokens": 3, "min_acceptance": 0.5})
+    run_bundle("pack", str(ctx), "-t", REF, "--key", str(keypair[0]), "--store", str(tmp_path / "store"), check=True)
+    srv = Server(tmp_path / "store", keypair[1], "--sequences", "2")
+    try:
+        stats = []
+        for prompt in PROMPTS[:4]:
+            body = {"model": REF, "prompt": prompt, "max_tokens": 48, "temperature": 0}
+            stats.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["specbundle"]["stats"])
+    finally:
+        assert srv.stop() == 0
+    for s in stats[:3]:
+        assert s["speculative_iterations"] and s["fallback"] and not s["fallback"]["resumed"]
+    assert stats[3]["drafted"] == 0 and stats[3]["draft_passes"] == 0 and "did not pay" in stats[3]["fallback"]["reason"]
