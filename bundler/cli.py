@@ -621,6 +621,8 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
 @click.option("--open-probes", is_flag=True, help="GET /health and /metrics answer without the API key (Kubernetes probes and Prometheus scrapes send none).")
 @click.option("--max-queue", default=16, show_default=True, type=click.IntRange(1, 4096), help="Requests that may wait; more answer 429.")
 @click.option("--time-limit", default=300.0, show_default=True, type=click.FloatRange(0.1), help="Seconds a request may take (queue included).")
+@click.option("--sequences", type=click.IntRange(1, 64), help="Requests decoded at once in one batch (llama.cpp engine; default: as many KV caches as fit, at most 8).")
+@click.option("--no-draft", "speculate", flag_value=False, default=True, help="Decode with the target alone (llama.cpp engine): a baseline for benchmarks.")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
 @click.option("--device", help="cpu or cuda (default: cuda when available).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")

@@ -2,7 +2,8 @@
 Prometheus metrics (prometheus_client), a health state driven by the acceptance rate, and a status page.
 
 One decoding worker thread owns the models (it loads them too, see serve_bundle); requests wait in a bounded
-FIFO queue. The HTTP side is asyncio: the worker hands text back to the request's event loop with
+FIFO queue. On the llama.cpp engine the worker decodes several requests at once in one batch
+(bundler.serve_batch); on the torch engine one at a time. The HTTP side is asyncio: the worker hands text back to the request's event loop with
 `call_soon_threadsafe`.
 """
 
@@ -63,6 +64,41 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
+class JobStream:
+    """A job's text as its tokens come: decoded, cut at a stop string, held back while a piece may begin
+    one, with its time to first token and inter-token latencies observed. `on_tokens` returns True to stop."""
+
+    def __init__(self, job: Job, tokenizer: Any, metrics: "Metrics"):
+        self.job, self.tokenizer, self.metrics = job, tokenizer, metrics
+        self.tokens: list[int] = []
+        self.shown, self.stopped, self.timed_out, self.last = 0, False, False, None
+        self.deadline = job.enqueued + job.time_limit_s
+        self.hold = max((len(s) for s in job.stop), default=1) - 1
+
+    def on_tokens(self, new: list[int]) -> bool:
+        job, now = self.job, time.perf_counter()
+        if self.last is None:
+            self.metrics.ttft.observe(now - job.enqueued)
+        elif new:
+            for _ in new:
+                self.metrics.inter_token.observe((now - self.last) / len(new))
+        self.last = now
+        self.tokens.extend(new)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            text, self.stopped = text[:cut], True
+        if not text.endswith("\ufffd"):  # an incomplete UTF-8 character waits for its rest
+            # A piece that may begin a stop string waits until it is known not to.
+            safe = len(text) if self.stopped else max(len(text) - self.hold, self.shown)
+            if safe > self.shown:
+                job.emit("text", text[self.shown : safe])
+                self.shown = safe
+        if now > self.deadline:
+            self.timed_out = True
+        return self.stopped or self.timed_out or job.cancelled.is_set()
+
+
 class Metrics:
     """The metrics of CONTRACT.md section 4 in their own registry (so a test process can hold several)."""
 
@@ -87,6 +123,15 @@ class Metrics:
                                      buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
         self.position = Gauge("specbundle_position_acceptance_rate", "Acceptance at each draft position, since start.",
                               ["position"], registry=r)
+        # continuous batching (bundler.serve_batch; the llama.cpp engine)
+        self.batch_size = Histogram("specbundle_batch_size", "Sequences in each batched target pass.", registry=r,
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
+        self.active = Gauge("specbundle_active_sequences", "Requests being decoded now.", registry=r)
+        self.sequences = Gauge("specbundle_sequences", "Requests that may be decoded at once.", registry=r)
+        self.queue_wait = Histogram("specbundle_queue_wait_seconds", "From enqueue to the start of decoding.", registry=r,
+                                    buckets=(0.001, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.request_acceptance = Histogram("specbundle_request_acceptance_rate", "Accepted/drafted of each request that drafted.",
+                                            registry=r, buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))
         self.info = Gauge("specbundle_bundle_info", "What runs: always 1.", list(info), registry=r)
         self.info.labels(**info).set(1)
 
@@ -95,7 +140,8 @@ class Engine:
     """The loaded pair, the queue, the single decoding worker, the metrics and the health window."""
 
     def __init__(self, pair: Any, bundle: Mapping[str, Any], checks: list[str], max_queue: int,
-                 time_limit_s: float = REQUEST_TIME_LIMIT_S, on_record: Callable[[dict, list[int], str], None] | None = None):
+                 time_limit_s: float = REQUEST_TIME_LIMIT_S, on_record: Callable[[dict, list[int], str], None] | None = None,
+                 batching: Mapping[str, Any] | None = None):
         self.pair, self.bundle, self.checks = pair, dict(bundle), checks
         self.time_limit_s, self.on_record = time_limit_s, on_record
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
@@ -113,10 +159,17 @@ class Engine:
         self.lock = threading.Lock()
         self.loaded = True
         self.worker = threading.current_thread()  # the thread that built the engine runs work()
+        self.batch = None  # continuous batching where the engine has it (bundler.serve_batch)
+        if self.info["engine"] == "llama.cpp":
+            from bundler.serve_batch import BatchWorker
+
+            self.batch = BatchWorker(self, **(batching or {}))
 
     # -- the worker ---------------------------------------------------------------------------------
     def work(self) -> None:
         """The decoding loop over the queue, until stop(); run by the thread that loaded the pair."""
+        if self.batch is not None:
+            return self.batch.work()
         while True:
             job = self.jobs.get()
             self.metrics.queue_depth.set(self.jobs.qsize())
@@ -137,48 +190,24 @@ class Engine:
     def _run(self, job: Job) -> None:
         from runner.run import generate
 
-        tokenizer = self.pair.tokenizer
-        tokens: list[int] = []
-        state = {"shown": 0, "stopped": False, "last": None, "timed_out": False}
-        deadline = job.enqueued + job.time_limit_s
-        hold = max((len(s) for s in job.stop), default=1) - 1
-
-        def on_tokens(new: list[int]) -> bool:
-            now = time.perf_counter()
-            if state["last"] is None:
-                self.metrics.ttft.observe(now - job.enqueued)
-            elif new:
-                for _ in new:
-                    self.metrics.inter_token.observe((now - state["last"]) / len(new))
-            state["last"] = now
-            tokens.extend(new)
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                text, state["stopped"] = text[:cut], True
-            if not text.endswith("\ufffd"):  # an incomplete UTF-8 character waits for its rest
-                # A piece that may begin a stop string waits until it is known not to.
-                safe = len(text) if state["stopped"] else max(len(text) - hold, state["shown"])
-                if safe > state["shown"]:
-                    job.emit("text", text[state["shown"] : safe])
-                    state["shown"] = safe
-            if now > deadline:
-                state["timed_out"] = True
-            return state["stopped"] or state["timed_out"] or job.cancelled.is_set()
-
+        stream = JobStream(job, self.pair.tokenizer, self.metrics)
         result = generate(self.pair, job.prompt_ids, max_new_tokens=job.max_tokens, temperature=job.temperature,
-                          top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
+                          top_p=job.top_p, seed=job.seed, on_tokens=stream.on_tokens)
+        self.finish(job, stream, result)
+
+    def finish(self, job: Job, stream: "JobStream", result: dict) -> None:
+        """A generation's end (result: runner.run.generate's): the rest of its text, its accounting, its record."""
         text = result["text"]
         cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
         if cut >= 0:
             text = text[:cut]
-        if len(text) > state["shown"] and not job.cancelled.is_set():
-            job.emit("text", text[state["shown"] :])
+        if len(text) > stream.shown and not job.cancelled.is_set():
+            job.emit("text", text[stream.shown :])
         stats = result["stats"]
-        hit_eos = bool(result["tokens"]) and len(result["tokens"]) < job.max_tokens and not state["timed_out"] \
+        hit_eos = bool(result["tokens"]) and len(result["tokens"]) < job.max_tokens and not stream.timed_out \
             and not job.cancelled.is_set()
-        finish = "stop" if state["stopped"] or hit_eos else "length"
-        status = "cancelled" if job.cancelled.is_set() else "timeout" if state["timed_out"] else "ok"
+        finish = "stop" if stream.stopped or hit_eos else "length"
+        status = "cancelled" if job.cancelled.is_set() else "timeout" if stream.timed_out else "ok"
         self._account(result, status, job)
         job.emit("done", {"text": text, "finish_reason": finish, "prompt_tokens": len(job.prompt_ids),
                           "completion_tokens": len(result["tokens"]), "stats": stats})
@@ -192,6 +221,8 @@ class Engine:
         m.drafted.inc(stats.get("drafted", 0))
         m.accepted.inc(stats.get("accepted", 0))
         m.duration.observe(time.perf_counter() - job.enqueued)
+        if stats.get("drafted"):
+            m.request_acceptance.observe(stats["accepted"] / stats["drafted"])
         fell_back = bool(stats.get("fallback"))
         if fell_back:
             m.fallbacks.inc()
@@ -246,8 +277,9 @@ class Engine:
         with self.lock:
             rate = self.window_acceptance()
             tps = sum(self.recent_tps) / len(self.recent_tps) if self.recent_tps else None
+        batch = self.batch.live() if self.batch is not None else {}
         return {"acceptance_rate": rate, "tokens_per_second": tps, "queue_depth": self.jobs.qsize(), "busy": self.busy,
-                "health": self.health()["status"]}
+                "health": self.health()["status"], **batch}
 
 
 # -- the app ------------------------------------------------------------------------------------------
@@ -471,13 +503,15 @@ def serve_bundle(
     store: Any, ref: Any, trusted: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8000,
     api_key: str | None = None, max_queue: int = 16, time_limit_s: float = REQUEST_TIME_LIMIT_S,
     limits: ServeLimits | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None, on_record: Callable[..., Any] | None = None,
-    from_dir: Path | None = None, open_probes: bool = False, **options: Any,
+    from_dir: Path | None = None, open_probes: bool = False, sequences: int | None = None, speculate: bool = True, **options: Any,
 ) -> None:
     """Verify, gate, pair, preflight and load exactly as `bundle run` does (raising the same BundleError before
     the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first.
 
     from_dir: a directory `bundle fetch` filled, served instead of `ref` from the store once its evidence and
-    every file's hash hold (bundler.fetched)."""
+    every file's hash hold (bundler.fetched). sequences: requests decoded at once on the llama.cpp engine
+    (default: as many KV caches as fit, at most 8); speculate False: the target alone there (a baseline for
+    benchmarks/serve_load.py)."""
     import uvicorn
 
     from bundler.fetched import loaded_dir
@@ -496,7 +530,9 @@ def serve_bundle(
             with loaded as (pair, info, report):
                 checks = report if from_dir else verify_checks(report)
                 engine = Engine(pair, info, checks, max_queue, time_limit_s,
-                                on_record=on_record(report, pair) if on_record else None)
+                                on_record=on_record(report, pair) if on_record else None,
+                                batching={"sequences": sequences, "speculate": speculate,
+                                          "memory_budget": options.get("memory_budget")})
                 handoff.put(engine)
                 engine.work()
         except BaseException as exc:  # noqa: BLE001 - a refusal while loading is raised again by the main thread

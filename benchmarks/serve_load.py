@@ -1,0 +1,267 @@
+"""`bundle serve` under load against `llama-server` on the same GGUF files, threads and machine (run after
+`make demo` for the GGUF demo bundle, or on any GGUF bundle):
+
+- `llama-server` is built from the llama.cpp source that the installed llama-cpp-python vendors (opt-in:
+  `--build`; the sdist is fetched with pip, built with the engine's flags, and cached in
+  ~/.cache/specbundle/llama-server, outside the repository);
+- both are driven by the same client: streamed `/v1/chat/completions` over held-out prompts
+  (benchmarks/prompts.jsonl), greedy, a fresh connection per request, at 1, 4 and 8 concurrent clients;
+- per configuration: aggregate tokens/s (all completion tokens over the wall time), time to first token
+  p50/p99, inter-token latency p50/p99 (the gaps between streamed pieces of text, over the tokens in them);
+- four servers: `bundle serve` with its draft (the bundle as shipped), `bundle serve --no-draft` (its own
+  plain serving), `llama-server -np N`, and `llama-server -np N` with the draft (`--spec-type draft-simple`).
+
+The servers take turns within each round and concurrency, so a drift of a shared machine's speed falls on
+all alike; only one server runs at a time.
+
+    python benchmarks/serve_load.py --build [--ref smollm2-spec-gguf:1.0.0] [--store demo/work/store]
+        [--key demo/work/keys/bundle.pub] [--clients 1,4,8] [--rounds 2] [--max-tokens 128] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bundler.keys import key_id, load_public_key  # noqa: E402
+from bundler.refs import parse_ref  # noqa: E402
+from bundler.runbundle import _runner_args, verified_view  # noqa: E402
+from bundler.store import Store  # noqa: E402
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specbundle" / "llama-server"
+# llama-cpp-python builds its library with GGML_NATIVE on (the engine's flags); the server the same way,
+# statically linked so the binary does not depend on the build tree.
+CMAKE_FLAGS = ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+               "-DCMAKE_BUILD_TYPE=Release"]
+
+
+def llama_server(build: bool) -> Path:
+    """The cached llama-server binary of the installed llama-cpp-python's version; built when asked."""
+    import llama_cpp
+
+    version = llama_cpp.__version__
+    binary = CACHE / f"build-{version}" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    if not build:
+        raise SystemExit(f"no llama-server in {binary.parent}: run with --build (it takes 15-30 minutes on 2 cores)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    sdist = CACHE / f"llama_cpp_python-{version}.tar.gz"
+    if not sdist.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(CACHE),
+                        f"llama-cpp-python=={version}"], check=True)
+    source = CACHE / f"llama_cpp_python-{version}"
+    if not source.exists():
+        with tarfile.open(sdist) as tar:
+            tar.extractall(CACHE, filter="data")
+    build_dir = binary.parents[1]
+    subprocess.run(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build_dir), *CMAKE_FLAGS], check=True)
+    subprocess.run(["nice", "cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
+                   check=True)
+    return binary
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A server process on 127.0.0.1, up once /health answers 200; stopped by its pid with SIGTERM."""
+
+    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{argv[0]} exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"{argv[0]} did not come up")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def stream(url: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed greedy chat completion (each server applies the GGUF file's chat template: the demo's
+    instruct model answers a raw question with its end token at once): time to first text, the gaps between
+    pieces of text, tokens in all."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "model": "m"}
+    start = time.perf_counter()
+    pieces: list[float] = []
+    usage = None
+    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+                pieces.append(time.perf_counter())
+    tokens = int(usage["completion_tokens"]) if usage else len(pieces)
+    gaps = [b - a for a, b in zip(pieces, pieces[1:])]
+    # a piece may hold several tokens (accepted drafts, text held back at a stop string's start)
+    per_token = (tokens - 1) / len(gaps) if gaps else 1.0
+    return {"ttft_s": (pieces[0] if pieces else time.perf_counter()) - start, "tokens": tokens,
+            "itl_s": [g / per_token for g in gaps]}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def drive(url: str, prompts: list[str], clients: int, max_tokens: int) -> dict:
+    """`clients` threads, each streaming its share of the prompts one after another."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda p: stream(url, p, max_tokens), prompts))
+    wall = time.perf_counter() - start
+    ttft = [r["ttft_s"] for r in results]
+    itl = [g for r in results for g in r["itl_s"]]
+    return {"requests": len(results), "tokens": sum(r["tokens"] for r in results), "wall_s": wall,
+            "tokens_per_second": sum(r["tokens"] for r in results) / wall,
+            "ttft_p50_s": _pct(ttft, 0.5), "ttft_p99_s": _pct(ttft, 0.99),
+            "itl_p50_s": _pct(itl, 0.5), "itl_p99_s": _pct(itl, 0.99)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ref", default="smollm2-spec-gguf:1.0.0")
+    ap.add_argument("--store", default="demo/work/store")
+    ap.add_argument("--key", default="demo/work/keys/bundle.pub")
+    ap.add_argument("--prompts", default=str(ROOT / "benchmarks" / "prompts.jsonl"))
+    ap.add_argument("--clients", default="1,4,8")
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--draft-max", type=int, default=4, help="llama-server's --spec-draft-n-max")
+    ap.add_argument("--servers", default="bundle,bundle-plain,llama,llama-draft")
+    ap.add_argument("--build", action="store_true", help="build llama-server if it is not cached")
+    ap.add_argument("--out", help="also write the JSON here")
+    args = ap.parse_args()
+    prompts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    levels = [int(c) for c in args.clients.split(",")]
+    servers = args.servers.split(",")
+    binary = llama_server(args.build) if any(s.startswith("llama") for s in servers) else None
+    key = load_public_key(Path(args.key))
+    with verified_view(Store(Path(args.store)), parse_ref(args.ref), {key_id(key): key}) as checkout:
+        roles, params = _runner_args(checkout.report)["roles"], _runner_args(checkout.report)["params"]
+        files = {role: next((checkout.root / roles[role]).glob("*.gguf")) for role in ("target", "draft")}
+        threads = int(params.get("threads") or os.cpu_count() or 1)
+        ctx_seq = 4096  # the prompt and answer limits of bundle serve (bundler.serve) fit in it
+
+        def start(name: str, clients: int) -> Process:
+            port = _port()
+            if name.startswith("bundle"):
+                argv = [sys.executable, "-m", "bundler", "serve", args.ref, "--store", args.store, "--key", args.key,
+                        "--port", str(port), "--sequences", str(max(levels)), "--max-queue", "64"]
+                return Process(argv + (["--no-draft"] if name == "bundle-plain" else []), port, {"PYTHONPATH": str(ROOT)})
+            argv = [str(binary), "-m", str(files["target"]), "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
+                    "-tb", str(threads), "-np", str(clients), "-c", str(ctx_seq * clients), "-b", "512", "-ub", "512",
+                    "--no-webui", "--log-disable"]  # the batch sizes of runner.engines.llamacpp
+            if name == "llama-draft":
+                argv += ["--spec-type", "draft-simple", "-md", str(files["draft"]), "--spec-draft-n-max", str(args.draft_max),
+                         "-td", str(threads), "-tbd", str(threads)]
+            return Process(argv, port)
+
+        results: dict[str, dict[str, list[dict]]] = {s: {str(c): [] for c in levels} for s in servers}
+        # The bundle servers stay up throughout (an idle one waits on its queue and costs nothing); llama-server
+        # starts for each concurrency, with that many slots.
+        bundle_servers: dict[str, Process] = {}
+        try:
+            for name in servers:
+                if name.startswith("bundle"):
+                    bundle_servers[name] = start(name, max(levels))
+                    stream(bundle_servers[name].url, prompts[0], 8)  # warm-up
+            for round_ in range(args.rounds):
+                for clients in levels:
+                    # the same prompts for every server in this round and concurrency, another slice next time
+                    offset = (round_ * len(levels) + levels.index(clients)) * clients * args.requests_per_client
+                    batch = [prompts[(offset + i) % len(prompts)] for i in range(clients * args.requests_per_client)]
+                    for name in servers:
+                        proc = bundle_servers.get(name) or start(name, clients)
+                        try:
+                            if name not in bundle_servers:
+                                stream(proc.url, prompts[0], 8)  # warm-up
+                            result = drive(proc.url, batch, clients, args.max_tokens)
+                        finally:
+                            if name not in bundle_servers:
+                                proc.stop()
+                        results[name][str(clients)].append(result)
+                        print(json.dumps({"round": round_, "clients": clients, "server": name,
+                                          **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}),
+                              file=sys.stderr, flush=True)
+        finally:
+            for proc in bundle_servers.values():
+                proc.stop()
+
+    def median(name: str, clients: int, key: str) -> float | None:
+        values = [r[key] for r in results.get(name, {}).get(str(clients), []) if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    from runner.machine import cpu_info
+
+    summary = {}
+    for clients in levels:
+        row = {name: {k: median(name, clients, k) for k in ("tokens_per_second", "ttft_p50_s", "ttft_p99_s", "itl_p50_s",
+                                                             "itl_p99_s")} for name in servers}
+        ratios = {}
+        if "bundle" in servers and "llama" in servers:
+            ratios["bundle_over_llama_tps"] = [b["tokens_per_second"] / l["tokens_per_second"] for b, l in
+                                               zip(results["bundle"][str(clients)], results["llama"][str(clients)])]
+            ratios["bundle_over_llama_ttft_p99"] = [b["ttft_p99_s"] / l["ttft_p99_s"] for b, l in
+                                                    zip(results["bundle"][str(clients)], results["llama"][str(clients)])]
+        if "bundle" in servers and "bundle-plain" in servers:
+            ratios["bundle_over_bundle_plain_tps"] = [b["tokens_per_second"] / p["tokens_per_second"] for b, p in
+                                                      zip(results["bundle"][str(clients)], results["bundle-plain"][str(clients)])]
+        if "llama-draft" in servers and "llama" in servers:
+            ratios["llama_draft_over_llama_tps"] = [d["tokens_per_second"] / l["tokens_per_second"] for d, l in
+                                                    zip(results["llama-draft"][str(clients)], results["llama"][str(clients)])]
+        summary[str(clients)] = {"medians": row, "ratios_per_round": ratios}
+    out = {"cpu": cpu_info(), "load_average": os.getloadavg(), "threads": threads, "ref": args.ref,
+           "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
+           "llama_server": str(binary) if binary else None, "summary": summary, "runs": results}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Continuous batching on the llama.cpp engine (runner.batching): several generations in one llama.cpp context,
+one sequence id each, on a tiny GGUF pair written by the test (tests/tinygguf.py). A request's output does not
+depend on what else is in the batch: greedy equals its single-request greedy; sampling follows the target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner.batching import BatchedGenerator, default_sequences
+from runner.engines.llamacpp import load
+from runner.speculative import generate_plain
+from tests.tinygguf import write_gguf
+
+PROMPTS = [[261, 223, 83, 87, 75, 307, 270], [83, 87], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311],
+           [261], [75, 76, 77, 78], [90, 91, 92, 93, 94, 95], [270, 261, 223], [120, 121, 122, 123, 124]]
+N_CTX = 256
+# A batch computes a position with other kernels than a lone step (other shapes, other summation orders), so
+# float32 logits differ in their last digits; where the top two are that close, either token is the target's
+# greedy choice. The tie rule: at the first difference, the two tokens' logits in the single-request
+# computation are within this share of its top logit (and nowhere else do the outputs differ before it).
+TIE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf-batch")
+    target = load(write_gguf(d / "target.gguf", seed=0, hidden=128, layers=2, logit_scale=3), n_ctx=N_CTX, threads=1)
+    # the target's own first layer (a layer-skip draft): it agrees often, not always
+    draft = load(write_gguf(d / "draft.gguf", seed=0, hidden=128, layers=1, logit_scale=3), n_ctx=N_CTX, threads=1)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def stranger(tmp_path_factory):
+    """A draft that rarely agrees with the target (another random model)."""
+    path = write_gguf(tmp_path_factory.mktemp("gguf-stranger") / "stranger.gguf", seed=7, hidden=32, layers=1, heads=2,
+                      kv_heads=1, logit_scale=3)
+    return load(path, n_ctx=N_CTX, threads=1)
+
+
+def _single(target, prompt: list[int], n: int) -> list[int]:
+    return generate_plain(target, prompt, n).tokens
+
+
+def _equal_up_to_ties(target, prompt: list[int], got: list[int], n: int) -> bool:
+    """got equals the single request's greedy output, or leaves it first where the two tokens tie (TIE)."""
+    expected = _single(target, prompt, n)
+    i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    if i is None:
+        return len(expected) == len(got)
+    target.reset(len(prompt) + n)  # the single request's computation, replayed: prefill, then single steps
+    if len(prompt) > 1:
+        target.forward(torch.tensor(prompt[:-1]), last_only=True)
+    for token in [prompt[-1], *expected[:i]]:
+        logits = target.forward(torch.tensor([token]), last_only=True)[0]
+    return float(logits[expected[i]] - logits[got[i]]) <= TIE * float(logits.abs().max())
+
+
+@pytest.mark.parametrize("speculate", [False, True], ids=["plain", "speculative"])
+def test_batched_greedy_equals_single_request_greedy_in_a_batch_of_8(pair, speculate: bool) -> None:
+    target, draft = pair
+    generator = BatchedGenerator(target, draft if speculate else None, sequences=8, n_ctx_seq=N_CTX, draft_tokens=3, guard=False)
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 24} for p in PROMPTS])
+    assert max(generator.batch_sizes) == 8
+    for prompt, s in zip(PROMPTS, seqs):
+        assert _equal_up_to_ties(target, prompt, s.tokens, 24), prompt
+    if speculate:
+        drafted = sum(s.stats.drafted for s in seqs)
+        accepted = sum(s.stats.accepted for s in seqs)
+        assert drafted and 0 < accepted < drafted  # both verify outcomes ran in the batch
+
+
+def test_requests_join_and_leave_mid_batch_and_their_ids_are_reused(pair) -> None:
+    target, draft = pair
+    generator = BatchedGenerator(target, draft, sequences=3, n_ctx_seq=N_CTX, draft_tokens=2, guard=False)
+    lengths = [5, 30, 12, 3, 20, 9]
+    active: list[list[int]] = []
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": n} for p, n in zip(PROMPTS, lengths)],
+                         on_step=lambda: active.append([s.seq for s in generator.active()]))
+    for prompt, n, s in zip(PROMPTS, lengths, seqs):
+        assert s.done and _equal_up_to_ties(target, prompt, s.tokens, n)
+    assert max(len(a) for a in active) == 3 and len({s.seq for s in seqs}) == 3  # six requests through three ids
+    # the second request (30 tokens) was decoding while others joined after it and left before it
+    assert any(seqs[1].seq in a and seqs[4].seq in a for a in active)
+    assert generator.free() == 3 and generator.target.lengths == [0, 0, 0] and generator.draft.lengths == [0, 0, 0]
+
+
+def test_a_cancelled_sequence_leaves_at_once_and_its_cache_cells_are_removed(pair) -> None:
+    import llama_cpp
+
+    target, draft = pair
+    generator = BatchedGenerator(target, draft, sequences=2, n_ctx_seq=N_CTX, draft_tokens=2, guard=False)
+    stays = generator.add(PROMPTS[0], 16)
+    leaves = generator.add(PROMPTS[2], 16)
+    for _ in range(3):
+        generator.step()
+    assert generator.target.lengths[leaves.seq] > len(PROMPTS[2])
+    generator.cancel(leaves)
+    memory = llama_cpp.llama_get_memory(generator.target.ctx)
+    assert generator.free() == 1 and llama_cpp.llama_memory_seq_pos_max(memory, leaves.seq) == -1
+    joined = generator.add(PROMPTS[3], 8)  # a new request takes the freed id
+    assert joined.seq == leaves.seq
+    while generator.active():
+        generator.step()
+    assert _equal_up_to_ties(target, PROMPTS[0], stays.tokens, 16) and _equal_up_to_ties(target, PROMPTS[3], joined.tokens, 8)
+
+
+def test_on_tokens_returning_true_stops_the_sequence_after_that_step(pair) -> None:
+    target, _ = pair
+    generator = BatchedGenerator(target, None, sequences=2, n_ctx_seq=N_CTX)
+    seen: list[list[int]] = []
+    s = generator.add(PROMPTS[0], 50, on_tokens=lambda new: seen.append(new) or len(seen) == 4)
+    while generator.active():
+        generator.step()
+    assert len(s.tokens) == 4 and generator.free() == 2
+
+
+def test_sampled_tokens_follow_the_target_distribution_in_a_batch(pair, stranger) -> None:
+    """800 seeded requests, 8 at a time, a draft that rarely agrees, k=2: the first token comes with the prompt's
+    pass, the second from a verify pass (accepted draft or resampled); both tokens' marginals match the target's
+    own softmax within 0.1 total variation, while the draft's second-token distribution is more than 0.3 away."""
+    target, _ = pair
+    runs, vocab, prompt = 800, target.vocab_size, PROMPTS[0]
+    generator = BatchedGenerator(target, stranger, sequences=8, n_ctx_seq=N_CTX, draft_tokens=2, adaptive=False, guard=False)
+    seqs = generator.run([{"prompt_ids": prompt, "max_new_tokens": 4, "temperature": 1.0, "seed": seed} for seed in range(runs)])
+    # each second token came from a verify pass over two drafts, right after the prompt's pass
+    assert all(s.stats.target_calls[1] == (len(prompt), 3) for s in seqs)
+    counts = torch.zeros(2, vocab)
+    for s in seqs:
+        for position, token in enumerate(s.tokens[:2]):
+            counts[position, token] += 1
+
+    def next_distribution(engine, prefix: list[int]) -> torch.Tensor:
+        engine.reset(len(prefix) + 1)
+        return torch.softmax(engine.forward(torch.tensor(prefix), last_only=True)[0], -1)
+
+    p1 = next_distribution(target, prompt)
+    p2, q2 = torch.zeros(vocab), torch.zeros(vocab)
+    for first in torch.nonzero(p1 > 1e-4).view(-1).tolist():  # the rest weighs < 0.03 in all
+        p2 += p1[first] * next_distribution(target, prompt + [first])
+        q2 += p1[first] * next_distribution(stranger, prompt + [first])
+    assert 0.5 * (p2 - q2).abs().sum() > 0.3
+    for position, exact in enumerate((p1, p2)):
+        assert 0.5 * (counts[position] / runs - exact / exact.sum()).abs().sum() < 0.1, position
+
+
+def test_each_sequence_keeps_its_own_guard_and_falls_back_alone(pair, stranger) -> None:
+    """A draft that rarely agrees, with the guard on: each sequence's guard falls back on its own costs, and
+    the output is still the target's."""
+    target, _ = pair
+    generator = BatchedGenerator(target, stranger, sequences=4, n_ctx_seq=N_CTX, draft_tokens=3, guard=True)
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 64} for p in PROMPTS[:4]])
+    for prompt, s in zip(PROMPTS, seqs):
+        assert _equal_up_to_ties(target, prompt, s.tokens, 64)
+        assert s.stats.fallback is not None and s.stats.plain_steps > s.stats.speculative_iterations
+
+
+def test_long_prompts_are_prefilled_in_chunks_and_caught_up_by_the_draft(tmp_path) -> None:
+    """Prompts longer than one batch (512 tokens): the target prefills them over several steps while another
+    request decodes, and the draft's first pass over them (more than a batch in all) runs one at a time."""
+    target_file = write_gguf(tmp_path / "target.gguf", seed=0, hidden=128, layers=2, logit_scale=3)
+    target = load(target_file, n_ctx=1024, threads=1)
+    draft = load(write_gguf(tmp_path / "draft.gguf", seed=0, hidden=128, layers=1, logit_scale=3), n_ctx=1024, threads=1)
+    prompts = [[100 + i % 200 for i in range(700)], [50 + i % 150 for i in range(300)], [60 + i % 140 for i in range(320)], PROMPTS[0]]
+    generator = BatchedGenerator(target, draft, sequences=4, n_ctx_seq=1024, draft_tokens=3, guard=False)
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 12} for p in prompts])
+    for prompt, s in zip(prompts, seqs):
+        assert s.stats.drafted and _equal_up_to_ties(target, prompt, s.tokens, 12), len(prompt)
+    assert [n for _, n in seqs[0].stats.target_calls[:2]] == [512, 700 - 512]  # a batch's worth, then the rest
+
+
+def test_default_sequences_fit_the_memory_left() -> None:
+    assert default_sequences(100, 1000) == 8  # capped
+    assert default_sequences(100, 350) == 3
+    assert default_sequences(100, 50) == 1  # one always (the preflight already checked one)

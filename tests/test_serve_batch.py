@@ -1,0 +1,223 @@
+"""`bundle serve` of a GGUF bundle with continuous batching, as a real server process on 127.0.0.1: concurrent
+requests decode together and each answer is what it would be alone; requests join and leave mid-batch; a
+client that goes away frees its sequence; the queue bound and 429 hold; SIGTERM lets the open requests finish."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from conftest import run_bundle
+from tests.test_serve import REF, Server
+
+PROMPTS = ["hello there", "what is a draft?", "one two three", "the quick fox", "lossless decoding", "a b c d", "tokens", "why"]
+TIE = 1e-3  # as in tests/test_batching.py: a difference where the single computation's top two logits are this close
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, keypair) -> Path:
+    from tests.test_gguf_bench import gguf_context
+
+    base = tmp_path_factory.mktemp("serve-batch")
+    run_bundle("pack", str(gguf_context(base / "ctx")), "-t", REF, "--key", str(keypair[0]), "--store", str(base / "store"), check=True)
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(store: Path, keypair):
+    srv = Server(store / "store", keypair[1], "--sequences", "8")
+    yield srv
+    srv.stop()
+
+
+def _complete(srv: Server, prompt: str, max_tokens: int) -> str:
+    body = {"model": REF, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+
+
+def _stream(srv: Server, prompt: str, max_tokens: int, pieces: list[float] | None = None) -> dict:
+    body = {"model": REF, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    text, usage, done, finish = "", None, False, None
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                if chunk["choices"]:
+                    text += chunk["choices"][0]["text"]
+                    finish = chunk["choices"][0]["finish_reason"] or finish
+                    if pieces is not None:
+                        pieces.append(time.monotonic())
+    return {"text": text, "usage": usage, "done": done, "finish_reason": finish}
+
+
+def _live(srv: Server) -> dict:
+    return httpx.get(srv.url + "/status.json", timeout=10).json()["live"]
+
+
+def _wait(condition, what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _same_up_to_ties(store: Path, prompt: str, alone: str, batched: str, max_tokens: int) -> bool:
+    """Equal, or the texts part at a token where the single computation's top two logits tie (TIE)."""
+    if alone == batched:
+        return True
+    from runner.engines.llamacpp import load
+    from runner.gguf_model import read_header
+    from runner.gguf_run import GGUFTokenizer
+
+    path = store / "ctx" / "target" / "model.gguf"
+    tokenizer, engine = GGUFTokenizer(path, read_header(path)["metadata"]), load(path, n_ctx=512, threads=1)
+    ids = tokenizer.prompt_ids(prompt, raw=True)
+    engine.reset(len(ids) + max_tokens)
+    logits = engine.forward(torch.tensor(ids), last_only=True)[0]
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        token = int(logits.argmax())
+        if not batched.startswith(tokenizer.decode(tokens + [token])):  # the first token the texts part at
+            top = torch.topk(logits, 2).values
+            return float(top[0] - top[1]) <= TIE * float(logits.abs().max())
+        tokens.append(token)
+        logits = engine.forward(torch.tensor([token]), last_only=True)[0]
+    return False
+
+
+def test_eight_concurrent_requests_decode_in_one_batch_and_each_answers_as_alone(server: Server, store: Path) -> None:
+    alone = [_complete(server, p, 24) for p in PROMPTS]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda p: _complete(server, p, 24), PROMPTS))
+    for prompt, a, b in zip(PROMPTS, alone, together):
+        assert _same_up_to_ties(store, prompt, a, b, 24), (prompt, a, b)
+    metrics = server.metrics()
+    sizes = {labels: v for (name, labels), v in metrics.items() if name == "specbundle_batch_size_bucket"}
+    assert sizes[(("le", "1.0"),)] < metrics[("specbundle_batch_size_count", ())]  # some steps held several requests
+    assert metrics[("specbundle_sequences", ())] == 8
+    assert metrics[("specbundle_queue_wait_seconds_count", ())] >= 16
+
+
+def test_a_request_joins_and_leaves_while_a_long_one_decodes(server: Server, store: Path) -> None:
+    long_alone = _complete(server, PROMPTS[0], 400)
+    short_alone = [_complete(server, p, 8) for p in PROMPTS[1:4]]
+    long_pieces: list[float] = []
+    with ThreadPoolExecutor(4) as pool:
+        long = pool.submit(_stream, server, PROMPTS[0], 400, long_pieces)
+        _wait(lambda: len(long_pieces) >= 3, "the long request's first pieces")
+        shorts = [pool.submit(_stream, server, p, 8) for p in PROMPTS[1:4]]
+        short_results = [s.result() for s in shorts]
+        short_done = time.monotonic()
+        long_result = long.result()
+    assert long_pieces[-1] > short_done  # the long request was still decoding when the short ones had left
+    assert _same_up_to_ties(store, PROMPTS[0], long_alone, long_result["text"], 400)
+    for prompt, alone, got in zip(PROMPTS[1:4], short_alone, short_results):
+        assert got["done"] and _same_up_to_ties(store, prompt, alone, got["text"], 8)
+    _wait(lambda: _live(server)["active_sequences"] == 0, "the batch to empty", 10)
+
+
+def test_a_client_that_goes_away_frees_its_sequence_at_the_next_step(server: Server) -> None:
+    before = server.metrics()[("specbundle_requests_total", (("status", "cancelled"),))]
+    body = {"model": REF, "prompt": PROMPTS[2], "max_tokens": 1024, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
+        assert _live(server)["active_sequences"] == 1
+    # the connection is closed: the request is cancelled and its sequence leaves
+    _wait(lambda: _live(server)["active_sequences"] == 0, "the cancelled request's sequence to leave", 10)
+    assert server.metrics()[("specbundle_requests_total", (("status", "cancelled"),))] == before + 1
+    assert _complete(server, PROMPTS[3], 4)  # and the server goes on
+
+
+def test_a_full_queue_answers_429_while_every_sequence_is_busy(store: Path, keypair) -> None:
+    srv = Server(store / "store", keypair[1], "--sequences", "1", "--max-queue", "1")
+    try:
+        body = {"model": REF, "prompt": PROMPTS[0], "max_tokens": 1024, "temperature": 0, "stream": True}
+        first_pieces: list[float] = []
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(_stream, srv, PROMPTS[0], 1024, first_pieces)
+            _wait(lambda: bool(first_pieces), "the first request to decode")
+            second = pool.submit(_stream, srv, PROMPTS[1], 4)
+            _wait(lambda: srv.metrics()[("specbundle_queue_depth", ())] == 1, "the second request to wait")
+            third = httpx.post(srv.url + "/v1/completions", json={**body, "stream": False}, timeout=30)
+            assert third.status_code == 429 and third.headers["retry-after"] == "1"
+            assert third.json()["error"]["code"] == "queue_full"
+            assert first.result()["done"] and second.result()["done"]
+        assert srv.metrics()[("specbundle_requests_total", (("status", "rejected"),))] == 1
+    finally:
+        assert srv.stop() == 0
+
+
+def test_sigterm_lets_the_open_requests_of_the_batch_finish(store: Path, keypair) -> None:
+    srv = Server(store / "store", keypair[1], "--sequences", "4")
+    alone = [_stream(srv, p, 300) for p in PROMPTS[:3]]
+    pieces: list[float] = []
+    with ThreadPoolExecutor(3) as pool:
+        streams = [pool.submit(_stream, srv, p, 300, pieces) for p in PROMPTS[:3]]
+        _wait(lambda: _live(srv)["active_sequences"] == 3, "three requests in the batch")
+        srv.proc.send_signal(signal.SIGTERM)
+        results = [s.result() for s in streams]
+    assert srv.proc.wait(60) == 0
+    for r, a in zip(results, alone):  # each answer whole: as long as alone, ended by its length or its eos
+        assert r["done"] and r["finish_reason"] == a["finish_reason"]
+        assert r["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
+
+
+def test_status_page_figures_name_the_batch(server: Server) -> None:
+    live = _live(server)
+    assert live["sequences"] == 8 and live["active_sequences"] == 0
+    threading.Thread(target=_complete, args=(server, PROMPTS[0], 8)).start()
+    _wait(lambda: _live(server)["batch_size"] is not None, "a batch size")
+
+
+def test_more_sequences_than_the_memory_budget_holds_are_refused_before_the_port_opens(store: Path, keypair) -> None:
+    result = run_bundle("serve", REF, "--key", str(keypair[1]), "--store", str(store / "store"), "--port", "1",
+                        "--sequences", "64", "--memory-budget", "80MB")
+    # (llama.cpp's own warnings about the tiny files' training context may come first, from loading the pair)
+    last = result.err.strip().splitlines()[-1]
+    assert result.code == 4 and last.startswith("error: [memory-budget]") and "64 x" in last
+    assert "Traceback" not in result.err
+
+
+def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_from_the_first_token(tmp_path: Path, keypair) -> None:
+    """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
+    random model) falls back in each request; from the fourth request on, the draft does not run at all."""
+    from tests.tinygguf import write_gguf
+    from tests.tinymodels import train_tokenizer, write_kitfile, write_tokenizer
+
+    ctx = tmp_path / "ctx"
+    (ctx / "target").mkdir(parents=True)
+    (ctx / "draft").mkdir()
+    write_gguf(ctx / "target" / "model.gguf", seed=0, hidden=128, layers=2, logit_scale=3)
+    write_gguf(ctx / "draft" / "model.gguf", seed=7, hidden=32, layers=1, heads=2, kv_heads=1, logit_scale=3)
+    write_tokenizer(ctx / "tokenizer", train_tokenizer())
+    write_kitfile(ctx, speculative={"draft_tokens": 3, "min_acceptance": 0.5})
+    run_bundle("pack", str(ctx), "-t", REF, "--key", str(keypair[0]), "--store", str(tmp_path / "store"), check=True)
+    srv = Server(tmp_path / "store", keypair[1], "--sequences", "2")
+    try:
+        stats = []
+        for prompt in PROMPTS[:4]:
+            body = {"model": REF, "prompt": prompt, "max_tokens": 48, "temperature": 0}
+            stats.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["specbundle"]["stats"])
+    finally:
+        assert srv.stop() == 0
+    for s in stats[:3]:
+        assert s["speculative_iterations"] and s["fallback"] and not s["fallback"]["resumed"]
+    assert stats[3]["drafted"] == 0 and stats[3]["draft_passes"] == 0 and "did not pay" in stats[3]["fallback"]["reason"]
