@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 MAX_JSON_BYTES = 4 << 20  # manifests, configs, indexes, signatures: real ones are a few kB
 # Real documents nest under 10 deep; the bound sits well under Python's recursion limit (1000) so code that

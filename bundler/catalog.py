@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bundler import signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.refs import Ref
 from bundler.referrers import find_signatures
 from bundler.store import REF_NAME, Store

@@ -15,7 +15,7 @@ import click
 
 from bundler import keys
 from bundler.display import shown
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.refs import parse_ref
 from bundler.store import Store, default_root
 

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bundler import dsse
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import PrivateKey, PublicKey
 
 PREDICATE_TYPE = "https://sigstore.dev/cosign/sign/v1"

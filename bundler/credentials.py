@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bundler import boundedjson
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 USER_ENV = "BUNDLE_REGISTRY_USER"
 PASSWORD_ENV = "BUNDLE_REGISTRY_PASSWORD"

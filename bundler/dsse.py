@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import PrivateKey, PublicKey, key_id
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from bundler import boundedjson, signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.kitfile import Kitfile, kitfile_from_data
 from bundler.modelkit import strip_layer_info
 from bundler.refs import Ref, parse_ref

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.store import REF_NAME, Store
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from bundler import boundedjson
 from bundler.contentcheck import check_content
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.kitfile import Kitfile, load_kitfile, pickle_files
 from bundler.layerread import TOKENIZER_FILES
 

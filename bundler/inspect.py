@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from bundler import metadatacheck, signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.layerread import TOKENIZER_FILES
 from bundler.modelkit import ModelKit, load_modelkit
 from bundler.refs import Ref

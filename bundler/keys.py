@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bundler import boundedjson
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 PRIVATE_KEY_NAME = "bundle.key"
 PUBLIC_KEY_NAME = "bundle.pub"

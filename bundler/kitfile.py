@@ -15,7 +15,7 @@ import jsonschema
 import yaml
 from kitops.modelkit.kitfile import Kitfile as KitopsKitfile
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 MAX_KITFILE_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32

@@ -7,7 +7,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.manifest import Descriptor
 from bundler.store import Store
 from bundler.tarlayer import iter_layer

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.kitfile import Kitfile, LayerSpec
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

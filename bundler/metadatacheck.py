@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bundler import boundedjson
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 MAX_JSON_FILE = 64 << 20  # the largest real tokenizer.json files are ~35 MB
 # Real metadata nests under 10 deep; the tokenizer library refuses deeper than 128, Python recurses ~1000.

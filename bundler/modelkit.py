@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.kitfile import Kitfile, LayerSpec, kitfile_from_data
 from bundler.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, layer_kind, parse_descriptor
 from bundler.refs import Ref

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from bundler.contentcheck import ContentReport, check_content
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.kitfile import Kitfile, LayerSpec, load_kitfile
 from bundler.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, build_config, build_manifest, layer_media_type
 from bundler.refs import Ref

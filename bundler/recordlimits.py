@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from bundler import runrecord
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.manifest import Descriptor, parse_descriptor
 from bundler.store import Store
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from bundler import cosign, signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.manifest import Descriptor, parse_descriptor
 from bundler.store import Store
 

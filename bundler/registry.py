@@ -34,7 +34,7 @@ import requests
 import urllib3
 
 from bundler import boundedjson, cosign, credentials, recordlimits, releases, runrecord, signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
 from bundler.modelkit import load_modelkit
 from bundler.refs import Ref

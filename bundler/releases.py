@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from bundler import signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.referrers import signature_artifacts
 from bundler.store import Store
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from bundler import runrecord
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.refs import Ref
 from bundler.store import Store
 from bundler.unpack import extract_leaving_in_blobs, make_writable

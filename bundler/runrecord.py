@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from bundler import boundedjson, dsse, keys
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
 from bundler.store import Store
 

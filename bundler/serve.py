@@ -17,7 +17,6 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
@@ -30,6 +29,7 @@ from starlette.exceptions import HTTPException
 
 from bundler import serve_requests
 from bundler.serve_guard import RequestGuard, ServeLimits, protocol_class
+from bundler.serve_jobs import Job, JobStream
 from bundler.serve_requests import ApiError
 
 # The context a served pair is sized for (memory preflight) and the longest generation a request may ask.
@@ -42,61 +42,6 @@ STATIC = Path(__file__).with_name("static")
 # specbundle_requests_total{status}: ok, stopped early by the client (cancelled), over the time limit (timeout),
 # refused by a full queue (rejected), a bad request (invalid), a failure while generating (error).
 STATUSES = ("ok", "cancelled", "timeout", "rejected", "invalid", "error")
-
-
-@dataclass
-class Job:
-    """One request as the worker sees it."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: list[str]
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
-    time_limit_s: float
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    enqueued: float = field(default_factory=time.perf_counter)
-
-    def emit(self, kind: str, value: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-
-
-class JobStream:
-    """A job's text as its tokens come: decoded, cut at a stop string, held back while a piece may begin
-    one, with its time to first token and inter-token latencies observed. `on_tokens` returns True to stop."""
-
-    def __init__(self, job: Job, tokenizer: Any, metrics: "Metrics"):
-        self.job, self.tokenizer, self.metrics = job, tokenizer, metrics
-        self.tokens: list[int] = []
-        self.shown, self.stopped, self.timed_out, self.last = 0, False, False, None
-        self.deadline = job.enqueued + job.time_limit_s
-        self.hold = max((len(s) for s in job.stop), default=1) - 1
-
-    def on_tokens(self, new: list[int]) -> bool:
-        job, now = self.job, time.perf_counter()
-        if self.last is None:
-            self.metrics.ttft.observe(now - job.enqueued)
-        elif new:
-            for _ in new:
-                self.metrics.inter_token.observe((now - self.last) / len(new))
-        self.last = now
-        self.tokens.extend(new)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            text, self.stopped = text[:cut], True
-        if not text.endswith("\ufffd"):  # an incomplete UTF-8 character waits for its rest
-            # A piece that may begin a stop string waits until it is known not to.
-            safe = len(text) if self.stopped else max(len(text) - self.hold, self.shown)
-            if safe > self.shown:
-                job.emit("text", text[self.shown : safe])
-                self.shown = safe
-        if now > self.deadline:
-            self.timed_out = True
-        return self.stopped or self.timed_out or job.cancelled.is_set()
 
 
 class Metrics:

@@ -13,15 +13,15 @@ from __future__ import annotations
 import collections
 import queue
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bundler.errors import BundleError
+from core.errors import BundleError
+from bundler.serve_jobs import Job, JobStream
+from bundler.serve_requests import ApiError
 from runner.batching import BatchedGenerator, Sequence, default_sequences
 from runner.pairing import available_memory, check_memory
 from runner.run_history import RunHistory
 
-if TYPE_CHECKING:
-    from bundler.serve import Engine, Job, JobStream
 
 BATCH_WINDOW = 64  # recent steps whose mean batch size the status page shows
 
@@ -29,7 +29,7 @@ BATCH_WINDOW = 64  # recent steps whose mean batch size the status page shows
 class BatchWorker:
     """The batched decoding loop of one serve Engine (its pair, queue and metrics)."""
 
-    def __init__(self, engine: "Engine", sequences: int | None = None, speculate: bool = True,
+    def __init__(self, engine: Any, sequences: int | None = None, speculate: bool = True,
                  memory_budget: int | None = None) -> None:
         pair = engine.pair
         memory, kv = pair.memory, int(pair.memory["kv_cache_bytes"])  # kv: both models' caches of one sequence
@@ -53,7 +53,7 @@ class BatchWorker:
             raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
         self.sequences = sequences
         self.history = RunHistory()  # this server's requests only: nothing is written
-        self.live_jobs: dict[int, tuple["Job", "JobStream", Sequence, bool]] = {}
+        self.live_jobs: dict[int, tuple[Job, JobStream, Sequence, bool]] = {}
         self.recent_batches: collections.deque[int] = collections.deque(maxlen=BATCH_WINDOW)
         engine.metrics.sequences.set(sequences)
 
@@ -101,8 +101,7 @@ class BatchWorker:
                 self._finish(s.seq)
             metrics.active.set(len(self.live_jobs))
 
-    def _admit(self, job: "Job") -> None:
-        from bundler.serve import JobStream
+    def _admit(self, job: Job) -> None:
 
         engine = self.engine
         engine.metrics.queue_wait.observe(time.perf_counter() - job.enqueued)
@@ -132,8 +131,6 @@ class BatchWorker:
             self.engine.metrics.active.set(len(self.live_jobs))
 
     def _fail(self, exc: Exception) -> None:
-        from bundler.serve import ApiError
-
         for job, _, s, _ in self.live_jobs.values():
             self.generator.cancel(s)
             self.engine.metrics.requests.labels(status="error").inc()

@@ -226,7 +226,7 @@ def check_prompt_bytes(request: CompletionRequest, byte_limit: int | None, max_p
 def prompt_ids(pair: Any, request: CompletionRequest, max_prompt_tokens: int) -> list[int]:
     """The request's prompt as ids (chat through the bundle's bounded chat template), checked against the
     context. Slow (tokenizing, rendering): run it in a thread, never on the event loop."""
-    from bundler.errors import BundleError
+    from core.errors import BundleError
 
     try:
         ids = pair.chat_ids(request.messages) if request.chat else pair.prompt_ids(request.prompt, raw=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from bundler import cosign, keys, signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.contentcheck import check_stored
 from bundler.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json
 from bundler.modelkit import ModelKit, file_hashes

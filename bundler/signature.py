@@ -29,7 +29,7 @@ from typing import Any
 import jsonschema
 
 from bundler import dsse
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import PrivateKey, PublicKey, key_id
 
 SIGSTORE_BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"

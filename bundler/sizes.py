@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 _UNITS = {
     "": 1, "b": 1,

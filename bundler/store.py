@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from bundler import boundedjson
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.manifest import OCI_MANIFEST, Descriptor, parse_descriptor
 from bundler.refs import Ref
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 BLOCK = 512
 CHUNK = 1 << 20  # bytes per read when streaming file content: memory stays flat whatever the file size

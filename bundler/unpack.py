@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.layerread import HashingReader
 from bundler.refs import Ref
 from bundler.store import Store

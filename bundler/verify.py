@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from bundler import cosign, dsse, signature
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.kitfile import MODEL_ROLES, pickle_files
 from bundler.layerread import LayerScan, scan_layer
 from bundler.manifest import Descriptor

@@ -26,7 +26,7 @@ import torch
 
 from runner.engines.llamacpp import N_BATCH, LlamaCppEngine
 from runner.metrics import Stats
-from runner.speculative import Guard, Sampler, _adapt, _finish, parameter_costs, verify_sampled
+from runner.speculative import Guard, Sampler, adapt_draft_length, finish_tokens, parameter_costs, verify_sampled
 
 SEQUENCES_CAP = 8  # the default number of sequences, at most (fewer where their KV caches do not fit)
 
@@ -373,13 +373,13 @@ class BatchedGenerator:
             s.behind = [drafted[-1], token]
         s.last = token
         if self.adaptive and s._budget == s.k:  # a draft length cut by the guard or the end says nothing
-            s.k = _adapt(s.k, kk, n, 2 * self.draft_tokens)
+            s.k = adapt_draft_length(s.k, kk, n, 2 * self.draft_tokens)
         s._observe = (kk, n, spec_s)
         return new
 
     def _emit(self, s: Sequence, new: list[int]) -> bool:
         """Hands a sequence its new tokens; it leaves when done or when its caller asks to stop."""
-        new, done = _finish(s.tokens, new, s.max_new_tokens, self.eos)
+        new, done = finish_tokens(s.tokens, new, s.max_new_tokens, self.eos)
         s.tokens += new
         if s.first_token_at is None:
             s.first_token_at = time.perf_counter()

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 # Why these numbers: a real chat template (Llama 3, Qwen, SmolLM) runs a few dozen lines per message and a
 # few kB of its own text; the bounds sit orders of magnitude above that and orders below what hurts a server.

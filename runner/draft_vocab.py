@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 
 def read_draft_vocab(path: Path, vocab_size: int) -> list[int]:

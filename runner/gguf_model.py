@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from pathlib import Path
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 # The tokenizer metadata that decides which ids a text becomes, compared field by field.
 TOKENIZER_FIELDS = (

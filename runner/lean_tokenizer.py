@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import chat_template
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.modelinfo import FileRange, Ranges, check_dtype, config_from_dict, read_raw_config, safetensors_files, validate_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")

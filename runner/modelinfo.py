@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 # Bytes per element for safetensors dtype names and for the dtypes a model may be loaded in.
 SAFETENSORS_DTYPE_BYTES = {

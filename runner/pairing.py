@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.modelinfo import Ranges, count_parameters, read_config
 
 DEFAULT_MIN_SIZE_RATIO = 4.0

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.gguf_model import bundle_format
 from runner.lean_tokenizer import load_tokenizer
 from runner.loading import ModelFiles, check_weight_files, load_models

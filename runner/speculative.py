@@ -116,7 +116,7 @@ def _vocab_size(engines: Iterable[Engine], vocab_size: int | None) -> int:
     return vocab_size or min(sizes)
 
 
-def _finish(tokens: list[int], new: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:
+def finish_tokens(tokens: list[int], new: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:
     """Cuts the new tokens at the length limit and after the first eos; says whether generation is done."""
     new = new[: max_new_tokens - len(tokens)]
     for i, token in enumerate(new):
@@ -154,7 +154,7 @@ def generate_plain(
         stats.target_calls.append((engine.length(), 1))
         last, _ = sampler.pick(engine.forward(last, last_only=True))
         stats.target_passes += 1
-        new, done = _finish(tokens, last.tolist(), max_new_tokens, eos)
+        new, done = finish_tokens(tokens, last.tolist(), max_new_tokens, eos)
         tokens += new
         if on_tokens and on_tokens(new):  # the caller asks to stop here (a client gone, a stop string)
             done = True
@@ -231,7 +231,7 @@ def verify_sampled(
     return n, candidates[n : n + 1], drafted[:n] + [flat[k + n]]
 
 
-def _adapt(k: int, drafted: int, n: int, max_k: int) -> int:
+def adapt_draft_length(k: int, drafted: int, n: int, max_k: int) -> int:
     """Longer drafts after a full-length draft was accepted, shorter after an early rejection."""
     if n == drafted == k:
         return min(k + 1, max_k)
@@ -460,12 +460,12 @@ def generate_speculative(
                 behind = [last]
             else:  # all accepted: the draft has not run its own last token yet
                 behind = [drafts[-1:], last]
-        new, done = _finish(tokens, new, max_new_tokens, eos)
+        new, done = finish_tokens(tokens, new, max_new_tokens, eos)
         tokens += new
         if on_tokens and on_tokens(new):  # the caller asks to stop here (a client gone, a stop string)
             done = True
         if kk and adaptive and budget == k:
-            k = _adapt(k, kk, n, max_k)
+            k = adapt_draft_length(k, kk, n, max_k)
         if kk and judge:
             judge.observe(kk, n, t2 - t0, len(tokens))
     stats.new_tokens, stats.elapsed_s, stats.draft_tokens_final = len(tokens), time.perf_counter() - start, k

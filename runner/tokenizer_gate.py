@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.modelinfo import read_config
 
 SPECIAL_NAMES = ("bos", "eos", "pad", "unk")

@@ -206,7 +206,7 @@ def test_a_checkpoint_that_is_not_exactly_the_configs_goes_to_transformers_and_i
     """An extra tensor: not built compact; transformers' build refuses it as before (exit 6)."""
     from safetensors.torch import load_file, save_file
 
-    from bundler.errors import BundleError
+    from core.errors import BundleError
     from runner.loading import load_models
 
     files = _files(tmp_path, tiny_llama(V, seed=3, hidden=32, layers=1, heads=4, kv_heads=2))

@@ -40,6 +40,6 @@ def code_map_paths(readme: str) -> set[str]:
 
 def test_readme_code_map_names_exactly_the_modules_that_exist() -> None:
     named = code_map_paths((ROOT / "README.md").read_text())
-    modules = {str(p.relative_to(ROOT)) for pkg in ("bundler", "runner") for p in (ROOT / pkg).rglob("*.py")
+    modules = {str(p.relative_to(ROOT)) for pkg in ("core", "bundler", "runner") for p in (ROOT / pkg).rglob("*.py")
                if p.name not in ("__init__.py", "__main__.py")}
     assert named == modules

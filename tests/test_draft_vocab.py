@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import runner.loading
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.compact_llama import CompactLlama
 from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.run import run_unpacked

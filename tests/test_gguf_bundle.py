@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner import gguf_model
 from runner.engines import llamacpp
 from runner.run import run_unpacked

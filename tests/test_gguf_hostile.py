@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from conftest import run_bundle
 from runner import gguf_model
 from runner.run import run_unpacked

@@ -649,7 +649,7 @@ def test_mutated_metadata_is_refused_or_read_cleanly(tmp_path: Path) -> None:
     import random
     import struct
 
-    from bundler.errors import BundleError
+    from core.errors import BundleError
     from bundler.metadatacheck import check_roles
     from runner import modelinfo, tokenizer_gate
 

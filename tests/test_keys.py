@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import generate_keypair, key_id, load_private_key, load_public_key, trusted_keys
 
 

@@ -18,7 +18,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 from transformers import AutoTokenizer
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.lean_tokenizer import LeanTokenizer, load_tokenizer
 from runner.pair import prompt_ids as _prompt_ids
 from tests.tinymodels import BOS, EOS, PAD, SPECIAL_TOKENS, train_tokenizer, write_tokenizer

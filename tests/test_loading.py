@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.loading import load_model
 from runner.modelinfo import FileRange, read_safetensors_header
 from tests.tinymodels import tiny_llama

@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import generate_keypair, key_id, load_private_key, load_public_key
 from bundler.signature import sign, verify
 

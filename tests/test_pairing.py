@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import runner.loading
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.modelinfo import count_parameters, estimate_memory
 from runner.pairing import check_memory, check_pairing
 from runner.run import run_unpacked

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import runner.loading
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import load_public_key, key_id
 from bundler.modelkit import load_modelkit
 from bundler.refs import parse_ref

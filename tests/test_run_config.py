@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import runner.loading
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import key_id, load_public_key
 from bundler.refs import parse_ref
 from bundler.runbundle import run_bundle as run_in_process

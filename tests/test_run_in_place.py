@@ -10,7 +10,7 @@ import pytest
 
 import bundler.runbundle
 import runner.run
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import key_id, load_public_key
 from bundler.refs import parse_ref
 from bundler.runbundle import run_bundle as run_in_process, verified_view

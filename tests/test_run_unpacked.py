@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.loading import load_model
 from runner.run import run_unpacked
 from runner.speculative import generate_plain

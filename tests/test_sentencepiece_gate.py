@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.tokenizer_gate import check_tokenizers, fingerprint
 from tests.tinymodels import CORPUS, train_tokenizer, write_tokenizer
 

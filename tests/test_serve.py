@@ -400,7 +400,7 @@ def test_the_decoding_thread_loads_the_pair_and_refusals_reach_the_caller(tmp_pa
     # at 0.6x (benchmarks/serve.py). So the thread that loads the pair is the one that decodes with it.
     import runner.run
     from bundler import serve
-    from bundler.errors import BundleError
+    from core.errors import BundleError
     from bundler.keys import key_id, load_public_key
     from bundler.refs import parse_ref
 

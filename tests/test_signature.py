@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.keys import key_id
 from bundler.signature import (
     PREDICATE_TYPE,

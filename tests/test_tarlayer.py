@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import goldentar
-from bundler.errors import BundleError
+from core.errors import BundleError
 from bundler.tarlayer import encode_header, extract_layer, iter_layer, write_layer
 
 GO_TAR = Path(__file__).parent / "data" / "go-tar"

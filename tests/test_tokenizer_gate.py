@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import runner.loading
-from bundler.errors import BundleError
+from core.errors import BundleError
 from runner.run import run_unpacked
 from runner.tokenizer_gate import check_config_agrees, check_tokenizers, fingerprint
 from tests.tinymodels import make_pair, tiny_llama_config, train_tokenizer, truncate_weights_to_header, write_tokenizer

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bundler.errors import BundleError
+from core.errors import BundleError
 
 N_BATCH = 512  # tokens per llama_decode call (a longer prompt is prefilled in chunks)
 _GGML_LOG_ERROR = 4  # ggml.h ggml_log_level (llama-cpp-python's _logger.py still says 3): the lines that say why
