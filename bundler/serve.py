@@ -422,13 +422,8 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
 
 
 def verify_checks(report: Any) -> list[str]:
-    """The verification checks that passed, by name, for the status page."""
-    checks = getattr(report, "checks", None)
-    if isinstance(checks, Mapping):
-        return [str(k) for k, v in checks.items() if v in (True, "ok", "passed")]
-    if isinstance(checks, list):
-        return [str(c.get("name", c)) if isinstance(c, Mapping) else str(c) for c in checks]
-    return ["signature", "manifest", "layers", "files"]
+    """The names of the checks the VerifyReport (bundler.verify) passed, for the status page."""
+    return [check.name for check in report.checks if check.ok]
 
 
 def _server_class() -> type:

@@ -435,3 +435,16 @@ def test_the_decoding_thread_loads_the_pair_and_refusals_reach_the_caller(tmp_pa
     with pytest.raises(BundleError) as refused:  # an untrusted key: refused on the caller's thread, no server
         serve.serve_bundle(store, parse_ref(REF), {}, port=0)
     assert refused.value.code == "untrusted-signer" and refused.value.exit_code == 3
+
+
+def test_the_status_page_lists_the_checks_verify_passed_by_name(server: Server) -> None:
+    """/status.json's `checks` are the names of the checks `bundle verify` passed for this bundle, nothing invented."""
+    verified = run_bundle("verify", REF, "--key", str(server_key(server)), "--store", str(server.store), "--json", check=True)
+    passed = [c["name"] for c in json.loads(verified.out)["checks"] if c["ok"]]
+    assert httpx.get(server.url + "/status.json").json()["checks"] == passed
+
+
+def server_key(server: Server) -> Path:
+    """The public key the server was started with (its command line)."""
+    args = server.proc.args
+    return Path(args[args.index("--key") + 1])
