@@ -69,7 +69,11 @@ def build_base(root: Path) -> dict[str, Any]:
     index = json.loads((store / "index.json").read_text())
     blobs = store / "blobs" / "sha256"
     [tagged] = [m for m in index["manifests"] if "annotations" in m]
-    [sig] = [m for m in index["manifests"] if "artifactType" in m]
+    # The model-signing signature (the cosign-style one beside it is the other artifact): a change to either is
+    # a damaged store, which verify refuses.
+    from bundler.cosign import MODEL_SIGNING_KIND, kind_of
+
+    [sig] = [m for m in index["manifests"] if "artifactType" in m and kind_of(_signature_payload(blobs, m)) == MODEL_SIGNING_KIND]
     manifest = json.loads((blobs / tagged["digest"][7:]).read_text())
     sig_manifest = json.loads((blobs / sig["digest"][7:]).read_text())
     files = {
@@ -81,6 +85,12 @@ def build_base(root: Path) -> dict[str, Any]:
         "signature": f"blobs/sha256/{sig_manifest['layers'][0]['digest'][7:]}",
     }
     return {"store": str(store), "pub": str(pub), "files": files}
+
+
+def _signature_payload(blobs: Path, entry: dict[str, Any]) -> bytes:
+    """The Sigstore bundle a signature artifact's index entry leads to."""
+    manifest = json.loads((blobs / entry["digest"][7:]).read_text())
+    return (blobs / manifest["layers"][0]["digest"][7:]).read_bytes()
 
 
 def _main(args: list[str]) -> tuple[int, str, str]:

@@ -38,14 +38,16 @@ def signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]]
 
 def damaged_signatures(store: Store, subject_digest: str) -> list[str]:
     """Digests of signature artifacts whose manifest names `subject_digest` but which `find_signatures` leaves
-    out: one of their blobs is missing or does not match its digest and size (or the artifact is malformed)."""
+    out: one of their blobs is missing or does not match its digest and size (or the artifact is malformed);
+    and of those whose manifest itself cannot be read, whose subject cannot be told (it may be this one)."""
     usable = {desc.digest for desc, _ in find_signatures(store, subject_digest)}
     out = []
     for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
         try:
             _, manifest = store.read_json_blob(desc)
         except BundleError:
-            continue  # its subject cannot be told
+            out.append(desc.digest)
+            continue
         subject = manifest.get("subject") if isinstance(manifest, dict) else None
         if isinstance(subject, dict) and subject.get("digest") == subject_digest and desc.digest not in usable:
             out.append(desc.digest)

@@ -689,3 +689,20 @@ def test_mutated_metadata_is_refused_or_read_cleanly(tmp_path: Path) -> None:
             outcomes["read"] += 1  # a clean refusal of the runner's own
         shutil.rmtree(work)
     assert outcomes["refused"] > 50 and outcomes["read"] > 50, outcomes
+
+
+def test_a_damaged_second_signature_fails_verify_although_the_other_holds(tmp_path: Path, keypair) -> None:
+    """Item 9 with two signatures: the cosign-style one's Sigstore bundle damaged, the model-signing one intact.
+    verify does not verify around the damage: the store is refused, naming the artifact."""
+    from attacker import StoreEditor
+
+    store = tmp_path / "store"
+    run_bundle("pack", str(make_tree(tmp_path / "ctx")), "-t", "tiny-spec:1.0.0", "--key", str(keypair[0]), "--store", str(store), check=True)
+    edit = StoreEditor(store)
+    (sig,) = edit.signatures(edit.manifest_digest("tiny-spec:1.0.0"), kind="cosign")
+    layer = json.loads(edit.read(sig["digest"]))["layers"][0]["digest"]
+    data = edit.read(layer)
+    edit.overwrite(layer, data[:-2] + b" }")  # same size, other bytes
+    result = run_bundle("verify", "tiny-spec:1.0.0", "--key", str(keypair[1]), "--store", str(store))
+    assert result.code == 3 and result.err.startswith("error: [digest-mismatch] "), result.err
+    assert f"signature artifact {sig['digest'][:19]}… in the store is damaged" in result.err
