@@ -31,6 +31,11 @@ PARALLEL_MIN = 256 << 10  # chunks at least this big are hashed for the file on 
 @functools.cache
 def _hasher() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="file-hash")
+
+
+# A forked child inherits the executor but not its thread: a task submitted there would wait forever (seen in
+# the suite: a fuzz campaign forks its workers after an in-process pack). The child makes its own.
+os.register_at_fork(after_in_child=_hasher.cache_clear)
 ZERO_BLOCK = bytes(BLOCK)
 END_OF_ARCHIVE = bytes(2 * BLOCK)  # Go ends with two zero blocks and no record padding
 

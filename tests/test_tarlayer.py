@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import time
 import stat
 import subprocess
 import tarfile
@@ -265,6 +266,33 @@ class _Discard:
 
     def write(self, data: bytes) -> int:
         return len(data)
+
+
+def test_a_forked_child_packs_after_its_parent_did(tmp_path: Path) -> None:
+    """A child forked after an in-process pack (a fuzz campaign's workers) packs a file big enough to be hashed
+    on the second thread: it finishes instead of waiting on the parent's executor, whose thread it lacks."""
+    (tmp_path / "big").mkdir()
+    with open(tmp_path / "big" / "weights.bin", "wb") as f:
+        f.truncate(4 * 1024 * 1024)
+    write_layer(tmp_path, "big", _Discard())  # type: ignore[arg-type]  # the parent's executor now exists
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 once the layer is written
+        try:
+            write_layer(tmp_path, "big", _Discard())  # type: ignore[arg-type]
+        except BaseException:  # noqa: BLE001 - the child reports by its exit status only
+            os._exit(1)
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child did not finish packing in 30 s")
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_50_mb_file_packs_with_flat_memory(tmp_path: Path) -> None:
