@@ -81,7 +81,7 @@ def _expect(line: str, out: str, err: str, cwd: Path, seen: dict[str, str]) -> N
     elif verb == "tag":
         assert f"-> {seen['digest']}" in out
     elif verb == "push":
-        assert out.startswith("pushed ") and "1 signature(s)" in out and last == seen["digest"]
+        assert out.startswith("pushed ") and "2 signature(s)" in out and last == seen["digest"]  # model-signing and cosign-style (docs/cosign.md)
     elif verb == "pull":
         assert "verified, signed by" in out and last == seen["digest"]
         assert (cwd / "store2" / "index.json").is_file()
