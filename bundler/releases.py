@@ -50,6 +50,20 @@ def memory(state: dict[str, Any], name: str) -> dict[str, Any]:
     return seen
 
 
+def remember(store: Store, name: str, version: str, digest: str) -> None:
+    """Record that `name version` is `digest`, raising the highest version seen when it is higher (verify does
+    this for what it accepted; one entry per name, whichever key signed)."""
+    with store.lock():
+        state = store.state(ROLLBACK_STATE)
+        seen = memory(state, name)
+        seen["digests"][version] = digest
+        if not seen["highest"] or version_key(version) > version_key(seen["highest"]):
+            seen["highest"] = version
+        state = {k: v for k, v in state.items() if k.split("|", 1)[0] != name}
+        state[name] = seen
+        store.write_state(ROLLBACK_STATE, state)
+
+
 def signed_releases(store: Store, name: str, version: str) -> set[str]:
     """The manifest digests this store knows as release `name version`, signed: the signatures it holds
     (their predicate's name, version and manifest digest, over that very subject) and the digests verify

@@ -23,7 +23,7 @@ from bundler.manifest import Descriptor
 from bundler.modelkit import ModelKit, file_hashes, load_modelkit
 from bundler.refs import Ref
 from bundler.referrers import damaged_signatures, find_signatures
-from bundler.releases import ROLLBACK_STATE, memory, version_key
+from bundler.releases import ROLLBACK_STATE, memory, remember, version_key
 from bundler.store import Store
 
 
@@ -478,15 +478,7 @@ def _rollback(store: Store, mk: ModelKit, claims: signature.SignedClaims, record
     if older and not allow_rollback:
         raise BundleError("rollback", f"{name} {version} is older than {seen['highest']}, already verified in this store (pass --allow-rollback to accept an older release for this command)")
     if record and not known:
-        with store.lock():
-            state = store.state(ROLLBACK_STATE)
-            seen = memory(state, name)
-            seen["digests"][version] = mk.digest
-            if not seen["highest"] or version_key(version) > version_key(seen["highest"]):
-                seen["highest"] = version
-            state = {k: v for k, v in state.items() if k.split("|", 1)[0] != name}
-            state[name] = seen
-            store.write_state(ROLLBACK_STATE, state)
+        remember(store, name, version, mk.digest)
     if older:
         return None, f"{version} is older than {seen['highest']}: allowed by --allow-rollback"
     return None, f"{version} is the newest seen for {name}"
