@@ -36,11 +36,12 @@ def signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]]
         yield desc, subject["digest"], data
 
 
-def damaged_signatures(store: Store, subject_digest: str) -> list[str]:
+def damaged_signatures(store: Store, subject_digest: str, found: list[tuple[Descriptor, bytes]] | None = None) -> list[str]:
     """Digests of signature artifacts whose manifest names `subject_digest` but which `find_signatures` leaves
     out: one of their blobs is missing or does not match its digest and size (or the artifact is malformed);
-    and of those whose manifest itself cannot be read, whose subject cannot be told (it may be this one)."""
-    usable = {desc.digest for desc, _ in find_signatures(store, subject_digest)}
+    and of those whose manifest itself cannot be read, whose subject cannot be told (it may be this one).
+    found: what `find_signatures` already returned for this subject (not read again)."""
+    usable = {desc.digest for desc, _ in (find_signatures(store, subject_digest) if found is None else found)}
     out = []
     for desc in store.untagged(signature.SIGSTORE_BUNDLE_MEDIA_TYPE):
         try:

@@ -464,12 +464,13 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
     blobs: list[tuple[Descriptor, str]] = [(mk.config_desc, "config")]
     blobs += [(desc, f"{spec.path} {desc.digest[7:19]}") for spec, desc in mk.layers]
     sigs: list[tuple[Descriptor, bytes, dict[str, Any]]] = []
-    for sig_desc, _ in find_signatures(store, mk.digest):
+    found = find_signatures(store, mk.digest)
+    for sig_desc, _ in found:
         data, sig_manifest = store.read_json_blob(sig_desc)
         sigs.append((sig_desc, data, sig_manifest))
         for item in [sig_manifest["config"], *sig_manifest["layers"]]:
             blobs.append((Descriptor(item["mediaType"], item["digest"], item["size"]), f"signature {item['digest'][7:19]}"))
-    damaged = damaged_signatures(store, mk.digest)
+    damaged = damaged_signatures(store, mk.digest, found)
     if damaged:  # pushing the bundle without it would publish it unsigned, or with a blob the registry refuses
         raise BundleError("digest-mismatch", f"{ref}: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does "
                           "not match its digest): nothing pushed; pull or sign the bundle again")
