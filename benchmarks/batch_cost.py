@@ -1,5 +1,5 @@
 """What a batched pass costs on this machine, in single target steps: B sequences each adding one token (plain
-decoding of B requests) or k + 1 tokens (B requests each verifying k drafts), through runner.batching's shared
+decoding of B requests) or k + 1 tokens (B requests each verifying k drafts), through runner.decoding.batching's shared
 context, on a GGUF target. This is the curve the per-sequence guards of `bundle serve` judge with (each
 request is charged its tokens' share of a pass): where T(B * (k + 1)) / T(B) approaches k + 1, no draft can pay.
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runner.batching import SharedContext  # noqa: E402
+from runner.decoding.batching import SharedContext  # noqa: E402
 from runner.engines.llamacpp import load  # noqa: E402
-from runner.machine import cpu_info  # noqa: E402
+from runner.bench.machine import cpu_info  # noqa: E402
 
 CONTEXT = 256  # positions per sequence: a short context, so the pass measures the weights, not attention
 

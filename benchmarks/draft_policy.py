@@ -6,7 +6,7 @@
 Greedy speculation is deterministic: at each position of the target's own output, the draft proposes
 the same tokens whatever came before. So one pass over the prompts measures everything a policy needs:
 the target's greedy output, and at every position the draft's next 8 greedy tokens with the probability
-it gave each. Every policy is then replayed on those records (the same rule as runner.speculative's
+it gave each. Every policy is then replayed on those records (the same rule as runner.decoding.speculative's
 _draft: stop after k tokens, or once the product of the probabilities falls below the confidence), with
 the measured costs of a draft step and of a verify pass of each length, both through the forward
 `bundle run` uses. Prints one JSON line per policy, best first: tokens per pass, drafted per pass and
@@ -28,13 +28,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runner.draft_vocab import read_draft_vocab  # noqa: E402
-from runner.loading import load_model  # noqa: E402
+from runner.models.draft_vocab import read_draft_vocab  # noqa: E402
+from runner.models.loading import load_model  # noqa: E402
 from runner.pair import prompt_ids  # noqa: E402
 from runner.run import eos_ids, runtime_draft, runtime_target  # noqa: E402
 from runner.engines.torch_engine import model_logits, new_cache  # noqa: E402
-from runner.speculative import generate_plain  # noqa: E402
-from runner.tokenizer_gate import load_spec  # noqa: E402
+from runner.decoding.speculative import generate_plain  # noqa: E402
+from runner.checks.tokenizer_gate import load_spec  # noqa: E402
 
 KMAX = 8
 

@@ -62,7 +62,7 @@ def _publish(args: argparse.Namespace, work: Path, registry_host: str) -> tuple[
     keys = work / "trusted-keys"
     keys.mkdir()
     if args.tiny:
-        from bundler.keys import generate_keypair
+        from bundler.trust.keys import generate_keypair
         from tests.tinymodels import make_pair
 
         key, pub = generate_keypair(work / "signing")

@@ -58,7 +58,7 @@ MEMORY_LIMIT = 2 << 30  # per worker address space: a case that tries to exhaust
 
 def build_base(root: Path) -> dict[str, Any]:
     """Pack and sign the one bundle every case starts from; the paths of the files the cases change."""
-    from bundler.keys import generate_keypair
+    from bundler.trust.keys import generate_keypair
     from bundletree import make_tree
 
     make_tree(root / "ctx", name="fuzz-spec")
@@ -71,7 +71,7 @@ def build_base(root: Path) -> dict[str, Any]:
     [tagged] = [m for m in index["manifests"] if "annotations" in m]
     # The model-signing signature (the cosign-style one beside it is the other artifact): a change to either is
     # a damaged store, which verify refuses.
-    from bundler.cosign import MODEL_SIGNING_KIND, kind_of
+    from bundler.trust.cosign import MODEL_SIGNING_KIND, kind_of
 
     [sig] = [m for m in index["manifests"] if "artifactType" in m and kind_of(_signature_payload(blobs, m)) == MODEL_SIGNING_KIND]
     manifest = json.loads((blobs / tagged["digest"][7:]).read_text())

@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runner import gguf_model  # noqa: E402
+from runner.checks import gguf_model  # noqa: E402
 from runner.engines import llamacpp  # noqa: E402
 from runner.gguf_run import GGUFTokenizer  # noqa: E402
-from runner.speculative import generate_plain, generate_speculative  # noqa: E402
+from runner.decoding.speculative import generate_plain, generate_speculative  # noqa: E402
 
 CONTEXT = ROOT / "demo" / "work" / "ctx-gguf"
 

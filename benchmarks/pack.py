@@ -34,9 +34,9 @@ model:
 PACK_SNIPPET = """
 import sys, time
 from pathlib import Path
-from bundler.pack import pack
-from bundler.refs import parse_ref
-from bundler.store import Store
+from bundler.verbs.pack import pack
+from bundler.store.refs import parse_ref
+from bundler.store.layout import Store
 t = time.perf_counter()
 pack(Path(sys.argv[1]), parse_ref("bench-spec:1.0.0"), Store(Path(sys.argv[2])))
 print(time.perf_counter() - t)

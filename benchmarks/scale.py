@@ -101,7 +101,7 @@ def _model(directory: Path, shape: dict, seed: int) -> int:
 
 def build(work: Path) -> dict:
     """The context, the signed bundle in a store, and the key; reused when already built."""
-    from bundler.keys import generate_keypair
+    from bundler.trust.keys import generate_keypair
     from tests.tinymodels import write_kitfile
 
     ctx, store = work / "ctx", work / "store"

@@ -27,10 +27,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bundler.keys import key_id, load_public_key  # noqa: E402
-from bundler.refs import parse_ref  # noqa: E402
-from bundler.runbundle import run_bundle  # noqa: E402
-from bundler.store import Store  # noqa: E402
+from bundler.trust.keys import key_id, load_public_key  # noqa: E402
+from bundler.store.refs import parse_ref  # noqa: E402
+from bundler.verbs.run import run_bundle  # noqa: E402
+from bundler.store.layout import Store  # noqa: E402
 
 
 def _port() -> int:

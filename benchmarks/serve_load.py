@@ -38,10 +38,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bundler.keys import key_id, load_public_key  # noqa: E402
-from bundler.refs import parse_ref  # noqa: E402
-from bundler.runbundle import _runner_args, verified_view  # noqa: E402
-from bundler.store import Store  # noqa: E402
+from bundler.trust.keys import key_id, load_public_key  # noqa: E402
+from bundler.store.refs import parse_ref  # noqa: E402
+from bundler.verbs.run import _runner_args, verified_view  # noqa: E402
+from bundler.store.layout import Store  # noqa: E402
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specbundle" / "llama-server"
 # llama-cpp-python builds its library with GGML_NATIVE on (the engine's flags); the server the same way,
@@ -184,7 +184,7 @@ def main() -> None:
         roles, params = _runner_args(checkout.report)["roles"], _runner_args(checkout.report)["params"]
         files = {role: next((checkout.root / roles[role]).glob("*.gguf")) for role in ("target", "draft")}
         threads = int(params.get("threads") or os.cpu_count() or 1)
-        ctx_seq = 4096  # the prompt and answer limits of bundle serve (bundler.serve) fit in it
+        ctx_seq = 4096  # the prompt and answer limits of bundle serve (bundler.serve.app) fit in it
 
         def start(name: str, clients: int) -> Process:
             port = _port()
@@ -235,7 +235,7 @@ def main() -> None:
         values = [r[key] for r in results.get(name, {}).get(str(clients), []) if r[key] is not None]
         return statistics.median(values) if values else None
 
-    from runner.machine import cpu_info
+    from runner.bench.machine import cpu_info
 
     summary = {}
     for clients in levels:

@@ -3,7 +3,7 @@
 The bundle: random bytes as safetensors files, target 11/12 of the size in 2 shards, draft 1/12, packed and
 signed with the CLI. Then, in the same run and from page cache (one untimed warm-up each, best of N):
 
-  verify          bundler.verify.verify_bundle in-process (every check, rollback state not recorded)
+  verify          bundler.trust.verify.verify_bundle in-process (every check, rollback state not recorded)
   openssl_files   `openssl dgst -sha256` over the same layer blobs, one process per core, the files split
                   across cores by size (a layer is one file: neither side can split it)
   openssl_ideal   the hashing limit: total bytes / (cores x one core's openssl rate), as if perfectly split
@@ -96,13 +96,13 @@ def main() -> None:
 
     import model_signing
 
-    from bundler.cosign import MODEL_SIGNING_KIND, kind_of
-    from bundler.keys import load_public_key, trusted_keys
-    from bundler.modelkit import load_modelkit
-    from bundler.refs import parse_ref
-    from bundler.referrers import find_signatures
-    from bundler.store import Store
-    from bundler.verify import verify_bundle
+    from bundler.trust.cosign import MODEL_SIGNING_KIND, kind_of
+    from bundler.trust.keys import load_public_key, trusted_keys
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.store.referrers import find_signatures
+    from bundler.store.layout import Store
+    from bundler.trust.verify import verify_bundle
 
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="bench-verify-", dir=os.environ.get("BENCH_TMP")) as tmp_s:

@@ -13,11 +13,11 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from bundler import keys
+from bundler.trust import keys
 from bundler.display import shown
 from core.errors import BundleError
-from bundler.refs import parse_ref
-from bundler.store import Store, default_root
+from bundler.store.refs import parse_ref
+from bundler.store.layout import Store, default_root
 
 _DEBUG = False
 
@@ -141,7 +141,7 @@ def keygen(store: Store, out_dir: str) -> None:
 @command
 def init(store: Store, target_dir: str, draft_dir: str, tokenizer_dir: str | None, out_dir: str, name: str | None, version: str | None) -> None:
     """Lay out a bundle context (target/, draft/, tokenizer/, Kitfile) from two model directories; refuse a pair `run` would refuse."""
-    from bundler.init import init_context
+    from bundler.verbs.init import init_context
 
     result = init_context(Path(target_dir), Path(draft_dir), Path(out_dir), Path(tokenizer_dir) if tokenizer_dir else None, name, version)
     params = result.kitfile.parameters
@@ -173,8 +173,8 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
     Refused before anything is written: content `verify` or `run` would refuse (roles, the tokenizer gate,
     config.json, pairing; memory is left to `run`), and a name and version already signed here with other content.
     """
-    from bundler.pack import pack_checked
-    from bundler.sign import sign_modelkit
+    from bundler.verbs.pack import pack_checked
+    from bundler.trust.sign import sign_modelkit
 
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), _password()) if key_path else None  # fail before packing
@@ -185,7 +185,7 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
                f"{p['target_parameters']:,} / {p['draft_parameters']:,} parameters (ratio {p['size_ratio']:.1f})")
     click.echo(f"packed {result.ref}: {len(result.layers)} layers, {len(result.files)} files")
     if private is not None:
-        from bundler.modelkit import load_modelkit
+        from bundler.store.modelkit import load_modelkit
 
         mk = load_modelkit(store, parsed)
         signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days, cosign_legacy)
@@ -201,7 +201,7 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
 @command
 def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy: bool) -> None:
     """Sign a bundle already in the store; refused where `bundle pack --key` would refuse it."""
-    from bundler.sign import sign_checked
+    from bundler.trust.sign import sign_checked
 
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), _password())
@@ -223,7 +223,7 @@ def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @command
 def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool) -> None:
     """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
-    from bundler.verify import verify_bundle
+    from bundler.trust.verify import verify_bundle
 
     report = verify_bundle(store, parse_ref(ref), _trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
     if as_json:
@@ -248,7 +248,7 @@ def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: b
 @command
 def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int, as_json: bool) -> None:
     """Manifest, layers, roles, signer, tokenizer fingerprint, memory needed to run."""
-    from bundler.inspect import inspect_bundle
+    from bundler.verbs.inspect import inspect_bundle
 
     info = inspect_bundle(store, parse_ref(ref), _trusted(key_paths), max_tokens)
     if as_json:
@@ -284,7 +284,7 @@ def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int,
 
 
 def _exit_if_refused(info: dict[str, Any]) -> None:
-    """Metadata bundler.metadatacheck refused (shown above as far as it was read): its error line and exit code."""
+    """Metadata bundler.format.metadatacheck refused (shown above as far as it was read): its error line and exit code."""
     if info.get("error"):
         refused = BundleError(info["error"]["code"], info["error"]["message"])
         click.echo(refused.line(), err=True)
@@ -304,7 +304,7 @@ def _size(n: int) -> str:
 @command
 def list_(store: Store, as_json: bool) -> None:
     """Bundles in the store: one row per tag."""
-    from bundler.catalog import rows
+    from bundler.store.catalog import rows
 
     found = rows(store)
     if as_json:
@@ -328,7 +328,7 @@ def list_(store: Store, as_json: bool) -> None:
 @command
 def tag(store: Store, src: str, dst: str) -> None:
     """Add the tag DST to the bundle SRC names (its signatures go with it)."""
-    from bundler.catalog import tag as do_tag
+    from bundler.store.catalog import tag as do_tag
 
     digest = do_tag(store, parse_ref(src), parse_ref(dst))
     click.echo(f"tagged {parse_ref(dst)} -> {digest}")
@@ -339,7 +339,7 @@ def tag(store: Store, src: str, dst: str) -> None:
 @command
 def rm(store: Store, refs: tuple[str, ...]) -> None:
     """Remove tags; the blobs stay until `bundle gc`."""
-    from bundler.catalog import remove
+    from bundler.store.catalog import remove
 
     for name in remove(store, [parse_ref(r) for r in refs]):
         click.echo(f"removed {name}")
@@ -353,7 +353,7 @@ def rm(store: Store, refs: tuple[str, ...]) -> None:
 @command
 def gc(store: Store, dry_run: bool, drop_records: bool, as_json: bool) -> None:
     """Delete the blobs no tag reaches (signatures and attestations of removed bundles included)."""
-    from bundler.gc import collect
+    from bundler.store.gc import collect
 
     result = collect(store, dry_run, drop_records)
     if as_json:
@@ -370,7 +370,7 @@ def gc(store: Store, dry_run: bool, drop_records: bool, as_json: bool) -> None:
 @command
 def login(store: Store, host: str, username: str | None, password_stdin: bool) -> None:
     """Store credentials for a registry HOST[:PORT] in docker's config.json."""
-    from bundler import credentials
+    from bundler.registry import credentials
 
     if password_stdin:
         if not username:
@@ -390,7 +390,7 @@ def login(store: Store, host: str, username: str | None, password_stdin: bool) -
 @command
 def logout(store: Store, host: str) -> None:
     """Remove the stored credentials for a registry HOST[:PORT]."""
-    from bundler import credentials
+    from bundler.registry import credentials
 
     if credentials.logout(host):
         click.echo(f"removed the login for {host} from {credentials.docker_config_path()}")
@@ -406,7 +406,7 @@ def logout(store: Store, host: str) -> None:
 @command
 def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool) -> None:
     """Verify, then extract the bundle into DIR; never writes outside it."""
-    from bundler.unpack import unpack as do_unpack
+    from bundler.verbs.unpack import unpack as do_unpack
 
     if signature_out and Path(signature_out).resolve().is_relative_to(Path(dest).resolve()):
         raise BundleError("usage", f"--signature {signature_out} is inside {dest}: model_signing would count it as a file of the bundle")
@@ -452,7 +452,7 @@ def _device(ctx: click.Context, param: click.Parameter, value: str | None) -> st
 
 
 def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from bundler.sizes import parse_size
+    from bundler.format.sizes import parse_size
 
     if value is None:
         return None
@@ -463,7 +463,7 @@ def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def _max_body(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from bundler.sizes import parse_size
+    from bundler.format.sizes import parse_size
 
     try:
         size = parse_size(value, "--max-body")
@@ -517,7 +517,7 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 @command
 def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key_paths: tuple[str, ...], as_json: bool, attest_key: str | None, attest_prompts: bool, **options: Any) -> None:
     """Verify the bundle and the tokenizer match, then decode speculatively (losslessly)."""
-    from bundler.runbundle import run_bundle
+    from bundler.verbs.run import run_bundle
 
     parsed = parse_ref(ref)
     prompt = _read_prompt(prompt, prompt_file)
@@ -569,7 +569,7 @@ def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_path
     """Target alone, transformers' assisted generation and `bundle run`: same pair, same prompts, one process.
 
     A GGUF bundle: our plain decoding, llama-cpp-python's own generation of the target file and `bundle run`."""
-    from bundler.runbundle import bench_bundle
+    from bundler.verbs.run import bench_bundle
 
     prompts = _read_prompts(prompts_file)[:limit]
     say = None if as_json else (lambda msg: click.echo(f"… {msg}", err=True))
@@ -637,8 +637,8 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
           time_limit: float, attest_key: str | None, open_probes: bool, max_body: int, allowed_hosts: tuple[str, ...], max_connections: int | None,
           header_timeout: float, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
-    from bundler.serve import serve_bundle
-    from bundler.serve_guard import ServeLimits, connection_room
+    from bundler.serve.app import serve_bundle
+    from bundler.serve.guard import ServeLimits, connection_room
 
     limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
     if max_connections is not None:
@@ -661,8 +661,8 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
         if not api_key:
             raise BundleError("usage", f"--api-key-file {api_key_file} is empty")
     records = None
-    if attest_key:  # run records: one per busy hour and one at shutdown (bundler.runrecord.ServeRecords)
-        from bundler.runrecord import ServeRecords
+    if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
+        from bundler.trust.runrecord import ServeRecords
 
         settings = {"max_queue": max_queue, "time_limit_s": time_limit, **options}
         records = ServeRecords(store, keys.load_private_key(Path(attest_key), _password()), settings)
@@ -687,7 +687,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
 @command
 def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
     """Push the store entry REF and its signatures, to DST (HOST[:PORT]/NAME:TAG) or to REF itself; the last line is the manifest digest."""
-    from bundler.registry import push as do_push
+    from bundler.registry.client import push as do_push
 
     for tick in _progress():
         result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick, dest=parse_ref(dst) if dst else None,
@@ -705,8 +705,8 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @command
 def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
-    from bundler.recordlimits import MAX_RECORDS
-    from bundler.registry import pull as do_pull
+    from bundler.trust.recordlimits import MAX_RECORDS
+    from bundler.registry.client import pull as do_pull
 
     trusted = _trusted(key_paths)
     for tick in _progress():
@@ -732,7 +732,7 @@ def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_r
 
     The KServe storage-initializer contract: two arguments, everything else from the environment. Any refusal
     leaves DEST empty. Serve the result with `bundle serve --from-dir DEST`."""
-    from bundler.fetched import fetch as do_fetch
+    from bundler.verbs.fetch import fetch as do_fetch
 
     for tick in _progress():
         result = do_fetch(store, src, Path(dest), _trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick)
@@ -747,7 +747,7 @@ def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_r
 @command
 def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bool) -> None:
     """List the signed run records attached to a bundle and verify each; exits with the first failure's code if any does not verify."""
-    from bundler.runrecord import attestations as find
+    from bundler.trust.runrecord import attestations as find
 
     digest, records = find(store, parse_ref(ref), _trusted(key_paths))
     if as_json:

@@ -5,7 +5,7 @@
 Counts, over the teacher data in demo/work/data (never the held-out prompts), the target's greedy
 tokens and the input tokens, breaks ties by id (BPE ids run roughly from frequent to rare), adds every
 special token, and writes OUT/draft_vocab.json = {"ids": [...sorted...], "size", "source"}. The bundle
-names it in `speculative.draft_vocab`; the draft then scores only these ids (runner/draft_vocab.py).
+names it in `speculative.draft_vocab`; the draft then scores only these ids (runner/models/draft_vocab.py).
 """
 
 from __future__ import annotations

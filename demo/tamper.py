@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bundler.modelkit import load_modelkit
-from bundler.refs import parse_ref
-from bundler.store import Store
+from bundler.store.modelkit import load_modelkit
+from bundler.store.refs import parse_ref
+from bundler.store.layout import Store
 
 
 def main(store_dir: str, ref: str, role: str) -> None:

@@ -1,4 +1,4 @@
-"""Runs an unpacked GGUF bundle on the llama.cpp engine: the GGUF checks (runner.gguf_model) before any
+"""Runs an unpacked GGUF bundle on the llama.cpp engine: the GGUF checks (runner.checks.gguf_model) before any
 weights load, then both files through runner.engines.llamacpp, then the one decoding loop."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from runner import chat_template, gguf_model
+from runner.models import chat_template
+
+from runner.checks import gguf_model
 from runner.engines import llamacpp
 from runner.pair import LoadedPair
-from runner.pairing import check_memory
+from runner.checks.pairing import check_memory
 
 
 # The template's bos/eos variables render empty: llama.cpp adds bos itself (tokenizer.ggml.add_bos_token).
@@ -33,7 +35,7 @@ class GGUFTokenizer:
 
     def prompt_ids(self, prompt: str, raw: bool) -> list[int]:
         """Through the file's chat template (tokenizer.chat_template, rendered as transformers does, bounded:
-        runner.chat_template) unless raw; bos added as the file says."""
+        runner.models.chat_template) unless raw; bos added as the file says."""
         template = self.llm.metadata.get("tokenizer.chat_template")
         add_bos = bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))
         if raw or not template:
@@ -99,8 +101,8 @@ def run_gguf(
     history=None,
 ) -> dict:
     """run_unpacked for a GGUF pair; the same `run --json` fields, "engine": "llama.cpp"."""
-    from runner.run_history import with_history
-    from runner.speculative import generate_speculative
+    from runner.decoding.run_history import with_history
+    from runner.decoding.speculative import generate_speculative
 
     run_start = time.perf_counter()
     files = {role: gguf_model.gguf_files(dirs[role])[0] for role in ("target", "draft")}

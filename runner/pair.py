@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import chat_template
+from runner.models import chat_template
 
 
 def prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
@@ -37,8 +37,8 @@ class TextStream:
 
 
 def forward_path(model) -> str:
-    """Which forward a model runs through: "compact" (runner.compact_llama) or "transformers"."""
-    from runner import compact_llama
+    """Which forward a model runs through: "compact" (runner.models.compact_llama) or "transformers"."""
+    from runner.models import compact_llama
 
     return "compact" if isinstance(model, compact_llama.CompactLlama) else "transformers"
 
@@ -63,7 +63,7 @@ class LoadedPair:
     load_s: float = 0.0
     engine: str = "torch"
     extra: dict = field(default_factory=dict)
-    history: Any = None  # runner.run_history.RunHistory: whether the draft paid in this bundle's last runs here
+    history: Any = None  # runner.decoding.run_history.RunHistory: whether the draft paid in this bundle's last runs here
 
     def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
         """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""

@@ -16,20 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import BundleError
-from runner.gguf_model import bundle_format
-from runner.lean_tokenizer import load_tokenizer
-from runner.loading import ModelFiles, check_weight_files, load_models
-from runner.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
+from runner.checks.gguf_model import bundle_format
+from runner.models.lean_tokenizer import load_tokenizer
+from runner.models.loading import ModelFiles, check_weight_files, load_models
+from runner.checks.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pair import LoadedPair, TextStream, prompt_ids
-from runner.pairing import check_memory, check_pairing
-from runner.run_history import with_history
-from runner.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
+from runner.checks.pairing import check_memory, check_pairing
+from runner.decoding.run_history import with_history
+from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
 def _torch_has_cuda() -> bool:
     """Whether the installed torch is a CUDA (or ROCm) build, from its version.py, without importing torch
     (2.3 s on this CPU): a CPU build can use no GPU, so `bundle run` then starts reading the weights before
-    torch is imported, and the import overlaps the read (runner.loading). Unreadable: assume it may."""
+    torch is imported, and the import overlaps the read (runner.models.loading). Unreadable: assume it may."""
     import importlib.util
     import re
 
@@ -119,7 +119,7 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping, ranges: Ran
         path = (dirs["draft"] / str(params["draft_vocab"])).resolve()
         if not path.is_relative_to(dirs["draft"].resolve()) or not path.is_file():
             raise BundleError("invalid-bundle", f"draft_vocab {params['draft_vocab']!r} is not a file in the draft directory")
-        from runner.draft_vocab import read_draft_vocab  # torch: imported only where a bundle needs it
+        from runner.models.draft_vocab import read_draft_vocab  # torch: imported only where a bundle needs it
 
         draft_vocab = read_draft_vocab(path, load_spec(tokenizer_dir).vocab_size)
     return {"dirs": dirs, "tokenizer_dir": tokenizer_dir, "fingerprint": fingerprint, "pairing": pairing, "draft_vocab": draft_vocab}
@@ -127,22 +127,22 @@ def preflight(root: Path, roles: Mapping[str, str], params: Mapping, ranges: Ran
 
 def runtime_target(target):
     """The target as the loop runs it: through our compact forward when its architecture allows (see
-    runner.compact_llama; the same logits, less time per call), else through transformers."""
-    from runner import compact_llama
+    runner.models.compact_llama; the same logits, less time per call), else through transformers."""
+    from runner.models import compact_llama
 
-    if isinstance(target, compact_llama.CompactLlama):  # loaded as one (runner.loading, compact)
+    if isinstance(target, compact_llama.CompactLlama):  # loaded as one (runner.models.loading, compact)
         return target
     return compact_llama.CompactLlama(target) if compact_llama.supports(target.config) else target
 
 
 def runtime_draft(draft, checked: Mapping):
     """The draft as the loop runs it: through our compact forward when its architecture allows (see
-    runner.compact_llama), scoring only the bundle's draft vocabulary when it names one."""
-    from runner import compact_llama
-    from runner.draft_vocab import SubsetHeadDraft
+    runner.models.compact_llama), scoring only the bundle's draft vocabulary when it names one."""
+    from runner.models import compact_llama
+    from runner.models.draft_vocab import SubsetHeadDraft
 
     ids = checked.get("draft_vocab")
-    if isinstance(draft, compact_llama.CompactLlama):  # loaded as one (runner.loading, compact)
+    if isinstance(draft, compact_llama.CompactLlama):  # loaded as one (runner.models.loading, compact)
         return draft.with_vocab(ids) if ids else draft
     if compact_llama.supports(draft.config):
         return compact_llama.CompactLlama(draft, ids)
@@ -217,7 +217,7 @@ def generate(
     Returns {"text", "tokens", "stats", "prompt_tokens", "timings": {"prefill_s", "decode_s"},
     "first_token_at"} (first_token_at: a time.perf_counter() value, or None when nothing came).
     """
-    from runner.speculative import generate_speculative
+    from runner.decoding.speculative import generate_speculative
 
     generate_start = time.perf_counter()
     first_token: list[float] = []
@@ -284,7 +284,7 @@ def run_unpacked(
     history: Any = None,
 ) -> dict:
     """Checks, loads and runs the pair unpacked at `root` (`load_pair` then `generate`); the `run --json`
-    fields this part knows. history: a runner.run_history.RunHistory of this bundle on this machine.
+    fields this part knows. history: a runner.decoding.run_history.RunHistory of this bundle on this machine.
 
     roles: role -> directory relative to root (target, draft, tokenizer). params: the Kitfile's
     model.parameters["speculative"] (draft_tokens, min_acceptance, min_size_ratio, allow_cross_family,

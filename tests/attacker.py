@@ -18,12 +18,12 @@ import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
-from bundler.keys import load_private_key
-from bundler.manifest import go_json
-from bundler.modelkit import load_modelkit
-from bundler.refs import parse_ref
-from bundler.sign import sign_modelkit
-from bundler.store import Store
+from bundler.trust.keys import load_private_key
+from bundler.format.manifest import go_json
+from bundler.store.modelkit import load_modelkit
+from bundler.store.refs import parse_ref
+from bundler.trust.sign import sign_modelkit
+from bundler.store.layout import Store
 
 REF_NAME = "org.opencontainers.image.ref.name"
 SIGNATURE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -158,7 +158,7 @@ class StoreEditor:
     def signatures(self, subject: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
         """Index entries of signature artifacts (whose subject is `subject`, when given; of one kind,
         "model-signing" or "cosign", when given)."""
-        from bundler.cosign import kind_of
+        from bundler.trust.cosign import kind_of
 
         out = []
         for m in self.index()["manifests"]:

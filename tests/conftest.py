@@ -69,14 +69,14 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from bundler.keys import generate_keypair
+    from bundler.trust.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="session")
 def other_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from bundler.keys import generate_keypair
+    from bundler.trust.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("other-keys"))
 

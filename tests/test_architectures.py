@@ -1,6 +1,6 @@
 """The architectures people bundle, each as a tiny random pair built here: packed, signed, verified, gated and
 run by `bundle run`; its greedy output (fp32) is transformers' own `generate` on the same target, token for
-token; `run --json` says which forward ran (runner.compact_llama where it computes exactly, else transformers)."""
+token; `run --json` says which forward ran (runner.models.compact_llama where it computes exactly, else transformers)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bundler.keys import key_id, load_public_key
-from bundler.refs import parse_ref
-from bundler.runbundle import run_bundle as run_in_process
-from bundler.store import Store
+from bundler.trust.keys import key_id, load_public_key
+from bundler.store.refs import parse_ref
+from bundler.verbs.run import run_bundle as run_in_process
+from bundler.store.layout import Store
 from conftest import run_bundle
 from tests.tinymodels import make_pair
 

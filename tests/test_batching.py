@@ -1,4 +1,4 @@
-"""Continuous batching on the llama.cpp engine (runner.batching): several generations in one llama.cpp context,
+"""Continuous batching on the llama.cpp engine (runner.decoding.batching): several generations in one llama.cpp context,
 one sequence id each, on a tiny GGUF pair written by the test (tests/tinygguf.py). A request's output does not
 depend on what else is in the batch: greedy equals its single-request greedy; sampling follows the target."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.batching import BatchedGenerator, default_sequences
+from runner.decoding.batching import BatchedGenerator, default_sequences
 from runner.engines.llamacpp import load
-from runner.speculative import generate_plain
+from runner.decoding.speculative import generate_plain
 from tests.tinygguf import write_gguf
 
 PROMPTS = [[261, 223, 83, 87, 75, 307, 270], [83, 87], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311],

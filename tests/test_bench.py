@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from conftest import assert_matches_schema, run_bundle
-from runner.bench import bf16_step, first_difference, replay
-from runner.bench_runs import break_even_acceptance
-from runner.metrics import best_predicted_speedup
-from runner.compact_llama import CompactLlama
-from runner.speculative import generate_plain, generate_speculative
+from runner.bench.torch_bench import bf16_step, first_difference, replay
+from runner.bench.runs import break_even_acceptance
+from runner.decoding.stats import best_predicted_speedup
+from runner.models.compact_llama import CompactLlama
+from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, make_pair, tiny_llama
 
 
@@ -32,7 +32,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Pa
                 "mean_accepted_length", "break_even_acceptance", "verify_cost_ratio"):
         assert key in out
     assert out["identical_output"] is True and out["exactly_identical"] is True  # fp32: token for token
-    # The tiny target is a Llama: our plain decoding runs it through runner.compact_llama, to the same tokens.
+    # The tiny target is a Llama: our plain decoding runs it through runner.models.compact_llama, to the same tokens.
     assert out["runner_plain_identical"] is True
     assert out["prompts"] == 2
     # Three rounds over both prompts: tokens/s over all of them, each speed-up the median of the rounds'.

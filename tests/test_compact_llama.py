@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from runner.compact_llama import CompactLlama, supports
-from runner.draft_vocab import SubsetHeadDraft
+from runner.models.compact_llama import CompactLlama, supports
+from runner.models.draft_vocab import SubsetHeadDraft
 from runner.run import runtime_draft, runtime_target
-from runner.speculative import generate_plain, generate_speculative
+from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, tiny_llama, tiny_llama_config
 
 torch.set_num_threads(1)
@@ -128,7 +128,7 @@ def test_new_cache_reserves_the_room_asked_for_once() -> None:
     assert cache.keys is keys and cache.get_seq_length() == 300  # filled to the brim without a copy
 
 
-# --- built without transformers (runner.loading, compact): what `bundle run` and `serve` run ---------------
+# --- built without transformers (runner.models.loading, compact): what `bundle run` and `serve` run ---------------
 
 def _config_dicts():
     """config.json as transformers writes it (in full and as save_pretrained's diff) and with fields left out."""
@@ -154,7 +154,7 @@ def test_compact_config_reads_config_json_as_transformers_config_classes_do(name
     transformers' own config class for that model_type reads the same dict."""
     from transformers import AutoConfig
 
-    from runner.compact_llama import compact_config
+    from runner.models.compact_llama import compact_config
 
     rest = {k: v for k, v in config.items() if k != "model_type"}
     theirs, ours = AutoConfig.for_model(config["model_type"], **rest), compact_config(config)
@@ -171,7 +171,7 @@ def test_compact_config_reads_config_json_as_transformers_config_classes_do(name
 def _files(tmp_path: Path, model) -> "ModelFiles":
     import hashlib
 
-    from runner.loading import ModelFiles
+    from runner.models.loading import ModelFiles
 
     model.save_pretrained(tmp_path, safe_serialization=True)
     return ModelFiles(tmp_path, "target", {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()})
@@ -181,8 +181,8 @@ def _files(tmp_path: Path, model) -> "ModelFiles":
 def test_a_model_loaded_without_transformers_gives_its_bfloat16_logits_bit_for_bit(tmp_path: Path, arch: str) -> None:
     """bf16 from the same files: built from the checkpoint's tensors as they are (views of the hashed buffer,
     no copy), the logits of transformers' model loaded from them, prefill, steps and a verify chunk."""
-    from runner.loading import load_models
-    from runner.modelinfo import read_safetensors_header
+    from runner.models.loading import load_models
+    from runner.checks.modelinfo import read_safetensors_header
     from tests.tinymodels import tiny_model
 
     files = _files(tmp_path, tiny_model(arch, V, seed=4, hidden=64, layers=2, heads=4, kv_heads=2, init_std=0.2, dtype=torch.bfloat16))
@@ -207,7 +207,7 @@ def test_a_checkpoint_that_is_not_exactly_the_configs_goes_to_transformers_and_i
     from safetensors.torch import load_file, save_file
 
     from core.errors import BundleError
-    from runner.loading import load_models
+    from runner.models.loading import load_models
 
     files = _files(tmp_path, tiny_llama(V, seed=3, hidden=32, layers=1, heads=4, kv_heads=2))
     path = tmp_path / "model.safetensors"

@@ -17,12 +17,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from conftest import assert_matches_schema, run_bundle
 from registry_server import Registry, registry  # noqa: F401  (fixture)
 
-from bundler import cosign, keys
-from bundler.modelkit import load_modelkit
-from bundler.refs import parse_ref
-from bundler.referrers import find_signatures
-from bundler.sign import attach_signature, sign_modelkit
-from bundler.store import Store
+from bundler.trust import cosign, keys
+from bundler.store.modelkit import load_modelkit
+from bundler.store.refs import parse_ref
+from bundler.store.referrers import find_signatures
+from bundler.trust.sign import attach_signature, sign_modelkit
+from bundler.store.layout import Store
 
 REF = "tiny-spec:1.0.0"
 SIG_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"

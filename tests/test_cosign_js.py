@@ -17,12 +17,12 @@ import pytest
 
 from conftest import run_bundle
 
-from bundler import cosign
-from bundler.modelkit import load_modelkit
-from bundler.refs import parse_ref
-from bundler.referrers import find_signatures
-from bundler.sign import attach_signature
-from bundler.store import Store
+from bundler.trust import cosign
+from bundler.store.modelkit import load_modelkit
+from bundler.store.refs import parse_ref
+from bundler.store.referrers import find_signatures
+from bundler.trust.sign import attach_signature
+from bundler.store.layout import Store
 
 JS = Path(__file__).parent / "js"
 REF = "tiny-spec:1.0.0"

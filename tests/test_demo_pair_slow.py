@@ -19,7 +19,7 @@ def pair():
     import torch
     from transformers import AutoTokenizer
 
-    from runner.loading import load_model
+    from runner.models.loading import load_model
 
     if not (ROOT / "demo/work/target/model.safetensors").exists():
         subprocess.run([sys.executable, str(ROOT / "demo/convert_target.py")], check=True)
@@ -32,8 +32,8 @@ def pair():
 
 @pytest.mark.parametrize("with_vocab", [False, True])
 def test_greedy_fp32_speculative_equals_the_target_alone_on_the_demo_pair(pair, with_vocab: bool) -> None:
-    from runner.draft_vocab import SubsetHeadDraft
-    from runner.speculative import generate_plain, generate_speculative
+    from runner.models.draft_vocab import SubsetHeadDraft
+    from runner.decoding.speculative import generate_plain, generate_speculative
 
     tokenizer, target, draft = pair
     if with_vocab:

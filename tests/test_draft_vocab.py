@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import runner.loading
+import runner.models.loading
 from core.errors import BundleError
-from runner.compact_llama import CompactLlama
-from runner.draft_vocab import SubsetHeadDraft, read_draft_vocab
+from runner.models.compact_llama import CompactLlama
+from runner.models.draft_vocab import SubsetHeadDraft, read_draft_vocab
 from runner.run import run_unpacked
-from runner.speculative import generate_plain, generate_speculative
+from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, make_pair, tiny_llama
 
 torch.set_num_threads(1)
@@ -91,8 +91,8 @@ def test_run_unpacked_uses_the_bundles_draft_vocabulary(tmp_path: Path) -> None:
 def test_a_draft_vocabulary_outside_the_draft_directory_is_refused_before_loading(tmp_path: Path) -> None:
     paths = make_pair(tmp_path / "ctx")
     (paths["root"] / "elsewhere.json").write_text(json.dumps({"ids": [1, 2]}))
-    before = runner.loading.LOADS
+    before = runner.models.loading.LOADS
     with pytest.raises(BundleError) as err:
         run_unpacked(paths["root"], ROLES, {"draft_vocab": "../elsewhere.json"}, "hi", max_new_tokens=4, raw=True)
     assert err.value.code == "invalid-bundle"
-    assert runner.loading.LOADS == before
+    assert runner.models.loading.LOADS == before

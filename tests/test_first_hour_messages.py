@@ -28,7 +28,7 @@ def signed_store(tree: Path, store_dir: Path, keypair) -> Path:
 
 
 def test_no_trusted_key_and_the_wrong_key_get_different_hints(signed_store: Path, keypair, other_keypair) -> None:
-    from bundler.keys import key_id, load_public_key
+    from bundler.trust.keys import key_id, load_public_key
 
     signer = key_id(load_public_key(keypair[1]))[:12]
     other = key_id(load_public_key(other_keypair[1]))[:12]
@@ -68,7 +68,7 @@ def test_a_missing_part_is_named_not_a_schema_message(tree: Path, store_dir: Pat
 
 
 def test_inspect_piped_prints_whole_digests_and_a_clean_unverified_line(signed_store: Path, keypair) -> None:
-    from bundler.keys import key_id, load_public_key
+    from bundler.trust.keys import key_id, load_public_key
 
     r = run_bundle("inspect", "tiny-spec:1.0.0", "--store", str(signed_store))
     assert r.code == 0, r.err
@@ -87,7 +87,7 @@ def test_inspect_piped_prints_whole_digests_and_a_clean_unverified_line(signed_s
 def test_kitfile_example_does_not_collide_with_the_demo_bundle() -> None:
     import yaml
 
-    from bundler.kitfile import kitfile_from_data
+    from bundler.format.kitfile import kitfile_from_data
 
     root = Path(__file__).parent.parent
     example = kitfile_from_data(yaml.safe_load((root / "Kitfile.example").read_text()), "Kitfile.example")

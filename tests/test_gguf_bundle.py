@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import BundleError
-from runner import gguf_model
+from runner.checks import gguf_model
 from runner.engines import llamacpp
 from runner.run import run_unpacked
 from tests.tinygguf import tokenizer_fields, write_gguf
@@ -61,7 +61,7 @@ def test_gguf_pair_runs_on_the_llama_cpp_engine_with_the_target_greedy_output(tm
     root = gguf_pair(tmp_path)
     result = run_unpacked(root, ROLES, {"min_size_ratio": 1}, "the quick brown fox", max_new_tokens=12, raw=True)
     target = llamacpp.load(root / "target" / "model.gguf", n_ctx=64, threads=1)
-    from runner.speculative import generate_plain
+    from runner.decoding.speculative import generate_plain
 
     prompt = target.llm.tokenize(b"the quick brown fox", add_bos=False)
     assert result["engine"] == "llama.cpp"
@@ -102,7 +102,7 @@ def test_a_gguf_pair_loaded_once_generates_what_run_unpacked_does(tmp_path):
     assert once["tokens"] == run_unpacked(root, ROLES, {"min_size_ratio": 1}, "the quick brown fox", max_new_tokens=12, raw=True)["tokens"]
 
 
-# --- the header reader (runner.gguf_model._Header) against the gguf package's own ---------------------------
+# --- the header reader (runner.checks.gguf_model._Header) against the gguf package's own ---------------------------
 
 def _their_header(path: Path) -> dict:
     """What gguf.GGUFReader reads from the same header (the way read_header used it before)."""
@@ -124,7 +124,7 @@ def _their_header(path: Path) -> dict:
 
 
 def test_the_header_reader_reads_what_the_gguf_package_reads(tmp_path: Path) -> None:
-    from runner.gguf_model import read_header
+    from runner.checks.gguf_model import read_header
     from tests.tinygguf import write_gguf
 
     path = write_gguf(tmp_path / "m.gguf", tokenizer={"add_bos_token": True})
@@ -135,7 +135,7 @@ def test_the_header_reader_reads_what_the_gguf_package_reads(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("cut", [3, 10, 30, 200, -100])
 def test_a_truncated_or_garbled_header_is_refused_as_invalid(tmp_path: Path, cut: int) -> None:
-    from runner.gguf_model import read_header
+    from runner.checks.gguf_model import read_header
     from tests.tinygguf import write_gguf
 
     data = write_gguf(tmp_path / "m.gguf").read_bytes()
@@ -150,7 +150,7 @@ def test_a_truncated_or_garbled_header_is_refused_as_invalid(tmp_path: Path, cut
 def test_a_huge_array_count_is_refused_without_reading_it(tmp_path: Path) -> None:
     import struct
 
-    from runner.gguf_model import read_header
+    from runner.checks.gguf_model import read_header
 
     key = b"tokenizer.ggml.tokens"
     data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 60)
@@ -163,8 +163,8 @@ def test_a_huge_array_count_is_refused_without_reading_it(tmp_path: Path) -> Non
 
 def test_a_chat_template_cannot_reach_pythons_internals() -> None:
     """A GGUF file's chat template is rendered in jinja2's sandbox, like transformers' and llama-cpp-python's
-    (runner.chat_template); a sandbox violation is a clean [invalid-bundle] refusal."""
-    from runner.chat_template import TemplateRefused, render
+    (runner.models.chat_template); a sandbox violation is a clean [invalid-bundle] refusal."""
+    from runner.models.chat_template import TemplateRefused, render
     from runner.gguf_run import NO_BOS_EOS
 
     assert render("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}",

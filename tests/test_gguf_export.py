@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from demo.export_draft_gguf import export_llama_gguf, greedy_pairs, permute
-from runner import gguf_model
+from runner.checks import gguf_model
 from runner.engines import llamacpp
 from tests.tinygguf import tokenizer_fields, write_gguf
 from tests.tinymodels import tiny_llama

@@ -14,7 +14,7 @@ import pytest
 
 from core.errors import BundleError
 from conftest import run_bundle
-from runner import gguf_model
+from runner.checks import gguf_model
 from runner.run import run_unpacked
 from tests.tinygguf import tokenizer_fields, write_gguf
 from tests.tinymodels import make_pair
@@ -242,7 +242,7 @@ def test_pack_refuses_a_hostile_gguf_with_one_line_and_exit_6(tmp_path: Path) ->
 
 def test_inspect_shows_the_tokenizer_fingerprint_run_uses_on_a_gguf_bundle(tmp_path: Path, keypair) -> None:
     """The GGUF files' own tokenizer (what llama.cpp tokenizes with), not the `tokenizer` role's files."""
-    from runner import tokenizer_gate
+    from runner.checks import tokenizer_gate
 
     ctx = _gguf_context(tmp_path)
     store, ref = str(tmp_path / "store"), "gguf-inspect:1"

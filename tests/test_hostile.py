@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from attacker import StoreEditor, build_tar, file_entry, flip, read_members, special_entry, with_content
-from bundler.keys import key_id, load_public_key
+from bundler.trust.keys import key_id, load_public_key
 from bundletree import make_tree, tokenizer_json
 from conftest import Result, assert_matches_schema, run_bundle, tree_digest
 from tests.unchecked_pack import pack_unchecked
@@ -376,11 +376,11 @@ def test_expired_signature_is_refused(attack: Attack) -> None:
     ctx = attack.base.contexts[REF]
     fresh = attack.tmp / "fresh-store"
     # The CLI refuses --valid-days <= 0 now, so the expired signature is made with the library, as an attacker could.
-    from bundler.keys import load_private_key
-    from bundler.modelkit import load_modelkit
-    from bundler.refs import parse_ref
-    from bundler.sign import sign_modelkit
-    from bundler.store import Store
+    from bundler.trust.keys import load_private_key
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.trust.sign import sign_modelkit
+    from bundler.store.layout import Store
 
     run_bundle("pack", str(ctx), "-t", REF, "--store", str(fresh), check=True)
     sign_modelkit(Store(fresh), load_modelkit(Store(fresh), parse_ref(REF)), load_private_key(attack.base.key), valid_days=-1)
@@ -662,7 +662,7 @@ def test_allow_rollback_accepts_an_older_release_for_that_command_only(attack: A
      ("1.0.0-beta.2", "1.0.0-beta.11"), ("1.0.0-rc.1", "1.0.0"), ("1.9.0", "1.10.0"), ("1.0.0", "2.0.0+build.1")],
 )
 def test_versions_follow_semver_precedence(older: str, newer: str) -> None:
-    from bundler.releases import version_key
+    from bundler.trust.releases import version_key
 
     assert version_key(older) < version_key(newer)
 

@@ -202,11 +202,11 @@ def _write_record(store: Path, ref: str, signer_key: Path, n: int, extra: dict |
     """A run record written by the library (as serve writes one), its window starting n minutes after 09:00."""
     import datetime as dt
 
-    from bundler import runrecord
-    from bundler.keys import load_private_key
-    from bundler.modelkit import load_modelkit
-    from bundler.refs import parse_ref
-    from bundler.store import Store
+    from bundler.trust import runrecord
+    from bundler.trust.keys import load_private_key
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.store.layout import Store
 
     s = Store(store)
     mk = load_modelkit(s, parse_ref(ref))
@@ -230,11 +230,11 @@ def _no_creds(tmp_path: Path) -> dict[str, str]:
 
 def _attach_all(store: Path, ref: str, host: str) -> None:
     """An attacker with push rights attaches every record of `store` to the bundle in the registry, past push's limits."""
-    from bundler import registry as transport
-    from bundler.modelkit import load_modelkit
-    from bundler.refs import parse_ref
-    from bundler.runrecord import find_records
-    from bundler.store import Store
+    from bundler.registry import client as transport
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.trust.runrecord import find_records
+    from bundler.store.layout import Store
 
     s, parsed = Store(store), parse_ref(ref)
     digest = load_modelkit(s, parsed).digest
@@ -251,8 +251,8 @@ def _attach_all(store: Path, ref: str, host: str) -> None:
 
 
 def test_pull_keeps_a_bounded_number_of_records_trusted_first(registry, tmp_path: Path, keypair, other_keypair) -> None:
-    from bundler.keys import generate_keypair
-    from bundler.recordlimits import MAX_RECORDS
+    from bundler.trust.keys import generate_keypair
+    from bundler.trust.recordlimits import MAX_RECORDS
 
     env = _no_creds(tmp_path)
     ref = f"{registry.host}/bounded/tiny-spec:v1"
@@ -277,7 +277,7 @@ def test_pull_keeps_a_bounded_number_of_records_trusted_first(registry, tmp_path
 
 
 def test_push_passes_on_only_what_pull_would_keep(registry, tmp_path: Path, keypair, other_keypair) -> None:
-    from bundler.recordlimits import MAX_RECORDS
+    from bundler.trust.recordlimits import MAX_RECORDS
 
     env = _no_creds(tmp_path)
     ref = f"{registry.host}/pushed/tiny-spec:v1"
@@ -367,11 +367,11 @@ def _clean_screen(text: str) -> None:
 
 
 def test_attestations_show_an_unverified_record_escaped_and_not_as_a_verified_row(tmp_path: Path, keypair, other_keypair) -> None:
-    from bundler import runrecord
-    from bundler.keys import load_private_key
-    from bundler.modelkit import load_modelkit
-    from bundler.refs import parse_ref
-    from bundler.store import Store
+    from bundler.trust import runrecord
+    from bundler.trust.keys import load_private_key
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.store.layout import Store
 
     store = tmp_path / "store"
     digest = run_bundle("pack", str(make_tree(tmp_path / "ctx")), "-t", "tiny-spec:1.0.0", "--key", str(keypair[0]),
@@ -433,8 +433,8 @@ def test_shown_escapes_controls_and_cuts_long_values() -> None:
 
 
 def test_oversized_run_history_is_ignored_and_replaced(tmp_path: Path) -> None:
-    from bundler.runbundle import HISTORY_MAX_BYTES, HISTORY_STATE, run_history
-    from bundler.store import PRIVATE, Store
+    from bundler.verbs.run import HISTORY_MAX_BYTES, HISTORY_STATE, run_history
+    from bundler.store.layout import PRIVATE, Store
 
     store = Store(tmp_path / "store")
     store.ensure()
@@ -450,8 +450,8 @@ def test_oversized_run_history_is_ignored_and_replaced(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("content", [b"[1, 2]", b'"text"', b"{\"k\": " * 5000, b"\xff\xfe"])
 def test_malformed_run_history_is_ignored_and_replaced(tmp_path: Path, content: bytes) -> None:
-    from bundler.runbundle import HISTORY_STATE, run_history
-    from bundler.store import PRIVATE, Store
+    from bundler.verbs.run import HISTORY_STATE, run_history
+    from bundler.store.layout import PRIVATE, Store
 
     store = Store(tmp_path / "store")
     store.ensure()
@@ -464,7 +464,7 @@ def test_malformed_run_history_is_ignored_and_replaced(tmp_path: Path, content: 
 
 
 def test_oversized_rollback_memory_is_refused_before_parsing(tmp_path: Path, keypair) -> None:
-    from bundler.store import MAX_STATE
+    from bundler.store.layout import MAX_STATE
 
     store = tmp_path / "store"
     run_bundle("pack", str(make_tree(tmp_path / "ctx")), "-t", "tiny-spec:1.0.0", "--key", str(keypair[0]), "--store", str(store), check=True)
@@ -650,8 +650,8 @@ def test_mutated_metadata_is_refused_or_read_cleanly(tmp_path: Path) -> None:
     import struct
 
     from core.errors import BundleError
-    from bundler.metadatacheck import check_roles
-    from runner import modelinfo, tokenizer_gate
+    from bundler.format.metadatacheck import check_roles
+    from runner.checks import modelinfo, tokenizer_gate
 
     tree = make_tree(tmp_path / "ctx")
     originals = {

@@ -17,8 +17,8 @@ import yaml
 from conftest import run_bundle, tree_digest
 from tinymodels import make_pair, tiny_model, train_tokenizer, write_tokenizer
 
-from bundler import init as init_module
-from bundler.init import init_context, sanitise_name
+from bundler.verbs import init as init_module
+from bundler.verbs.init import init_context, sanitise_name
 
 TOKENIZER_NAMES = ["tokenizer.json", "tokenizer_config.json"]
 

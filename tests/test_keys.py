@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from core.errors import BundleError
-from bundler.keys import generate_keypair, key_id, load_private_key, load_public_key, trusted_keys
+from bundler.trust.keys import generate_keypair, key_id, load_private_key, load_public_key, trusted_keys
 
 
 def _write_key(path: Path, key) -> Path:

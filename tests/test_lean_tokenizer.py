@@ -1,4 +1,4 @@
-"""runner.lean_tokenizer: the tokenizer `bundle run` uses without transformers gives transformers' own ids,
+"""runner.models.lean_tokenizer: the tokenizer `bundle run` uses without transformers gives transformers' own ids,
 chat ids and text; anything transformers would change while loading goes to AutoTokenizer instead."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from tokenizers import processors
 from transformers import AutoTokenizer
 
-from runner.lean_tokenizer import LeanTokenizer, load_tokenizer
+from runner.models.lean_tokenizer import LeanTokenizer, load_tokenizer
 from runner.pair import prompt_ids as _prompt_ids
 from runner.run import eos_ids as _eos_ids
 from tests.tinymodels import BOS, EOS, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
@@ -139,7 +139,7 @@ def test_files_beside_the_config_that_transformers_reads_go_to_autotokenizer(tmp
 
 
 def test_a_chat_template_cannot_reach_pythons_internals(tmp_path: Path, trained) -> None:
-    from runner.chat_template import TemplateRefused
+    from runner.models.chat_template import TemplateRefused
 
     lean = load_tokenizer(_dir(tmp_path, trained, chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}"))
     assert isinstance(lean, LeanTokenizer)

@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Tokenizer
 from transformers import AutoTokenizer
 
 from core.errors import BundleError
-from runner.lean_tokenizer import LeanTokenizer, load_tokenizer
+from runner.models.lean_tokenizer import LeanTokenizer, load_tokenizer
 from runner.pair import prompt_ids as _prompt_ids
 from tests.tinymodels import BOS, EOS, PAD, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from runner.engines.llamacpp import load
-from runner.speculative import generate_plain, generate_speculative
+from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinygguf import write_gguf
 
 PROMPT = [261, 223, 83, 87, 75, 307, 270]

@@ -1,4 +1,4 @@
-"""runner.loading: the weights in memory once, from the bytes that were hashed; sharded checkpoints, tied and
+"""runner.models.loading: the weights in memory once, from the bytes that were hashed; sharded checkpoints, tied and
 untied embeddings, bf16/fp16/fp32 on disk and at run time, the same model transformers' from_pretrained builds."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from core.errors import BundleError
-from runner.loading import load_model
-from runner.modelinfo import FileRange, read_safetensors_header
+from runner.models.loading import load_model
+from runner.checks.modelinfo import FileRange, read_safetensors_header
 from tests.tinymodels import tiny_llama
 
 IDS = torch.tensor([[3, 17, 42, 99, 5, 250]])

@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from core.errors import BundleError
-from bundler.keys import generate_keypair, key_id, load_private_key, load_public_key
-from bundler.signature import sign, verify
+from bundler.trust.keys import generate_keypair, key_id, load_private_key, load_public_key
+from bundler.trust.signature import sign, verify
 
 FIELDS = {
     "name": "tiny-spec",

@@ -162,9 +162,9 @@ def test_unknown_reference_is_not_found(store_dir: Path) -> None:
 
 
 def test_interrupted_pack_leaves_the_store_as_it_was(tree: Path, store_dir: Path) -> None:
-    from bundler import pack as packmod
-    from bundler.refs import parse_ref
-    from bundler.store import Store
+    from bundler.verbs import pack as packmod
+    from bundler.store.refs import parse_ref
+    from bundler.store.layout import Store
 
     _pack(tree, store_dir, "tiny-spec:0.9.0")
     before = tree_digest(store_dir / "blobs"), (store_dir / "index.json").read_bytes()

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import runner.loading
+import runner.models.loading
 from core.errors import BundleError
-from runner.modelinfo import count_parameters, estimate_memory
-from runner.pairing import check_memory, check_pairing
+from runner.checks.modelinfo import count_parameters, estimate_memory
+from runner.checks.pairing import check_memory, check_pairing
 from runner.run import run_unpacked
 from tests.tinymodels import make_pair, tiny_llama, truncate_weights_to_header
 
@@ -28,10 +28,10 @@ def weightless_pair(tmp_path):
 
 
 def refused_before_loading(root: Path, params: dict, **options) -> BundleError:
-    loads = runner.loading.LOADS
+    loads = runner.models.loading.LOADS
     with pytest.raises(BundleError) as caught:
         run_unpacked(root, ROLES, params, "hello", max_new_tokens=8, **options)
-    assert runner.loading.LOADS == loads, "a model was loaded before the refusal"
+    assert runner.models.loading.LOADS == loads, "a model was loaded before the refusal"
     assert caught.value.exit_code == 4
     return caught.value
 

@@ -15,10 +15,10 @@ from bundletree import _model_dir, make_tree
 from conftest import run_bundle, tree_digest
 from registry_server import Registry, auth_registry, free_port, registry  # noqa: F401  (fixtures)
 
-from bundler import keys
-from bundler import registry as transport
-from bundler.refs import parse_ref
-from bundler.store import Store
+from bundler.trust import keys
+from bundler.registry import client as transport
+from bundler.store.refs import parse_ref
+from bundler.store.layout import Store
 
 SIG_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 

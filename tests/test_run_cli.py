@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import runner.loading
+import runner.models.loading
 from core.errors import BundleError
-from bundler.keys import load_public_key, key_id
-from bundler.modelkit import load_modelkit
-from bundler.refs import parse_ref
-from bundler.runbundle import run_bundle as run_in_process
-from bundler.store import Store
+from bundler.trust.keys import load_public_key, key_id
+from bundler.store.modelkit import load_modelkit
+from bundler.store.refs import parse_ref
+from bundler.verbs.run import run_bundle as run_in_process
+from bundler.store.layout import Store
 from conftest import assert_matches_schema, copy_store, run_bundle
 from tests.tinymodels import make_pair, write_tokenizer, train_tokenizer
 from tests.unchecked_pack import pack_unchecked
@@ -33,11 +33,11 @@ def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path])
 
 
 def _refused_before_loading(store: Path, trusted: dict, code: str, **options) -> None:
-    before = runner.loading.LOADS
+    before = runner.models.loading.LOADS
     with pytest.raises(BundleError) as err:
         run_in_process(Store(store), parse_ref(REF), trusted, "hello", max_new_tokens=4, **options)
     assert err.value.code == code, err.value.line()
-    assert runner.loading.LOADS == before  # no weights were loaded
+    assert runner.models.loading.LOADS == before  # no weights were loaded
 
 
 def _trusted(pub: Path) -> dict:
@@ -124,9 +124,9 @@ def test_run_refuses_a_draft_with_another_tokenizer(tmp_path: Path, keypair: tup
     write_tokenizer(paths["draft"], train_tokenizer(300))  # the draft carries its own, different tokenizer
     store = tmp_path / "store"
     pack_unchecked(paths["root"], REF, store, keypair[0])  # `bundle pack` refuses it (tests/test_pack_checks.py); run's refusal is tested
-    before = runner.loading.LOADS
+    before = runner.models.loading.LOADS
     result = run_bundle("run", REF, "--prompt", "x", "--key", str(keypair[1]), "--store", str(store))
     assert result.code == 4, result.err
     assert result.err.startswith("error: [tokenizer-mismatch] ")
     _refused_before_loading(store, _trusted(keypair[1]), "tokenizer-mismatch")
-    assert runner.loading.LOADS == before
+    assert runner.models.loading.LOADS == before

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import runner.loading
+import runner.models.loading
 from core.errors import BundleError
-from bundler.keys import key_id, load_public_key
-from bundler.refs import parse_ref
-from bundler.runbundle import run_bundle as run_in_process
-from bundler.store import Store
+from bundler.trust.keys import key_id, load_public_key
+from bundler.store.refs import parse_ref
+from bundler.verbs.run import run_bundle as run_in_process
+from bundler.store.layout import Store
 from conftest import run_bundle
 from tests.tinymodels import make_pair
 from tests.unchecked_pack import pack_unchecked
@@ -35,10 +35,10 @@ def _signed_with_target_config(tmp_path: Path, keypair: tuple[Path, Path], **cha
 
 def _refusal(store: Path, keypair: tuple[Path, Path], **options) -> BundleError:
     key = load_public_key(keypair[1])
-    before = runner.loading.LOADS
+    before = runner.models.loading.LOADS
     with pytest.raises(BundleError) as err:
         run_in_process(Store(store), parse_ref(REF), {key_id(key): key}, "hello", max_new_tokens=4, **options)
-    assert runner.loading.LOADS == before, "a model was loaded before the refusal"
+    assert runner.models.loading.LOADS == before, "a model was loaded before the refusal"
     return err.value
 
 
@@ -78,4 +78,4 @@ def test_run_json_reports_timings_and_the_forward_each_model_ran(tmp_path: Path,
     assert set(timings) >= {"verify_s", "extract_s", "load_s", "prefill_s", "decode_s", "first_token_s"}
     assert all(isinstance(v, float) and v >= 0 for v in timings.values())
     assert timings["first_token_s"] >= timings["verify_s"] + timings["extract_s"] + timings["load_s"] + timings["prefill_s"]
-    assert out["forward"] == {"target": "compact", "draft": "compact"}  # tiny Llamas run through runner.compact_llama
+    assert out["forward"] == {"target": "compact", "draft": "compact"}  # tiny Llamas run through runner.models.compact_llama

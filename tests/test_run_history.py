@@ -1,4 +1,4 @@
-"""runner.run_history: after UNPAID_RUNS runs in a row whose draft did not pay, a bundle's runs on this machine
+"""runner.decoding.run_history: after UNPAID_RUNS runs in a row whose draft did not pay, a bundle's runs on this machine
 decode plainly from the first token (the draft never runs), every EXPLORE_EVERY-th run speculates as usual;
 seeded sampling is never advised; the counts live in the store's private state, keyed by bundle and machine."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bundler.keys import key_id, load_public_key
-from bundler.refs import parse_ref
-from bundler.runbundle import HISTORY_STATE, run_bundle
-from bundler.store import PRIVATE, Store
+from bundler.trust.keys import key_id, load_public_key
+from bundler.store.refs import parse_ref
+from bundler.verbs.run import HISTORY_STATE, run_bundle
+from bundler.store.layout import PRIVATE, Store
 from conftest import run_bundle as run_cli
-from runner.run_history import EXPLORE_EVERY, UNPAID_RUNS, RunHistory, machine_key
-from runner.speculative import generate_plain, generate_speculative
+from runner.decoding.run_history import EXPLORE_EVERY, UNPAID_RUNS, RunHistory, machine_key
+from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import make_pair, tiny_llama
 
 REF = "tiny-spec:1.0.0"

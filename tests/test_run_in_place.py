@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-import bundler.runbundle
+import bundler.verbs.run
 import runner.run
 from core.errors import BundleError
-from bundler.keys import key_id, load_public_key
-from bundler.refs import parse_ref
-from bundler.runbundle import run_bundle as run_in_process, verified_view
-from bundler.store import Store
-from bundler.unpack import unpack
+from bundler.trust.keys import key_id, load_public_key
+from bundler.store.refs import parse_ref
+from bundler.verbs.run import run_bundle as run_in_process, verified_view
+from bundler.store.layout import Store
+from bundler.verbs.unpack import unpack
 from conftest import copy_store, run_bundle
-from runner.modelinfo import FileRange, estimate_memory
+from runner.checks.modelinfo import FileRange, estimate_memory
 from runner.run import run_unpacked
 from tests.tinymodels import make_pair
 
@@ -60,7 +60,7 @@ def test_run_from_the_blobs_gives_what_run_from_an_unpacked_directory_gives(sign
     ours = run_in_process(store, parse_ref(REF), trusted, "hello there", max_new_tokens=10)
     result = unpack(store, parse_ref(REF), tmp_path / "unpacked", trusted)
     mk = result.report.modelkit
-    theirs = run_unpacked(tmp_path / "unpacked", mk.kitfile.role_paths(), bundler.runbundle.runner_params(mk.kitfile.parameters),
+    theirs = run_unpacked(tmp_path / "unpacked", mk.kitfile.role_paths(), bundler.verbs.run.runner_params(mk.kitfile.parameters),
                           "hello there", max_new_tokens=10, verified_files=result.report.claims.files)
     assert ours["tokens"] == theirs["tokens"] and ours["text"] == theirs["text"]
     assert ours["pairing"] == theirs["pairing"]  # parameters counted from the headers in the blobs

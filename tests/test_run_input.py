@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bundler.sizes import parse_size
+from bundler.format.sizes import parse_size
 from conftest import run_bundle
 from tests.tinymodels import make_pair
 
@@ -40,10 +40,10 @@ def _tokens(proc: subprocess.CompletedProcess) -> list[int]:
 
 
 def test_piped_stdin_without_prompt_is_the_prompt(signed, keypair) -> None:
-    from bundler.keys import key_id, load_public_key
-    from bundler.refs import parse_ref
-    from bundler.runbundle import run_bundle as run_in_process
-    from bundler.store import Store
+    from bundler.trust.keys import key_id, load_public_key
+    from bundler.store.refs import parse_ref
+    from bundler.verbs.run import run_bundle as run_in_process
+    from bundler.store.layout import Store
 
     piped = _tokens(_run(signed, keypair, "--max-new-tokens", "6", "--json", stdin="hello world\n"))
     key = load_public_key(keypair[1])

@@ -9,10 +9,10 @@ import torch
 from transformers import AutoTokenizer
 
 from core.errors import BundleError
-from runner.loading import load_model
+from runner.models.loading import load_model
 from runner.run import run_unpacked
-from runner.speculative import generate_plain
-from runner.tokenizer_gate import fingerprint
+from runner.decoding.speculative import generate_plain
+from runner.checks.tokenizer_gate import fingerprint
 from tests.tinymodels import make_pair
 
 torch.set_num_threads(1)

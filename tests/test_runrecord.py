@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from bundler import dsse, runrecord
-from bundler.keys import key_id, load_private_key, load_public_key
-from bundler.manifest import OCI_MANIFEST, Descriptor
-from bundler.modelkit import load_modelkit
-from bundler.refs import parse_ref
-from bundler.store import Store
+from bundler.trust import dsse, runrecord
+from bundler.trust.keys import key_id, load_private_key, load_public_key
+from bundler.format.manifest import OCI_MANIFEST, Descriptor
+from bundler.store.modelkit import load_modelkit
+from bundler.store.refs import parse_ref
+from bundler.store.layout import Store
 from conftest import assert_matches_schema, copy_store, run_bundle
 from registry_server import registry  # noqa: F401  (fixture)
 from tests.tinymodels import make_pair
@@ -249,7 +249,7 @@ def test_serve_records_write_a_record_per_busy_interval_and_one_at_shutdown(tree
     import time
     from types import SimpleNamespace
 
-    from bundler.verify import verify_bundle
+    from bundler.trust.verify import verify_bundle
 
     store = tmp_path / "store"
     run_bundle("pack", str(tree), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)

@@ -12,7 +12,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from core.errors import BundleError
-from runner.tokenizer_gate import check_tokenizers, fingerprint
+from runner.checks.tokenizer_gate import check_tokenizers, fingerprint
 from tests.tinymodels import CORPUS, train_tokenizer, write_tokenizer
 
 

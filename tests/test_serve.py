@@ -23,11 +23,11 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
-from bundler.keys import key_id, load_public_key
-from bundler.modelkit import load_modelkit
-from bundler.refs import parse_ref
-from bundler.runbundle import run_bundle as run_in_process
-from bundler.store import Store
+from bundler.trust.keys import key_id, load_public_key
+from bundler.store.modelkit import load_modelkit
+from bundler.store.refs import parse_ref
+from bundler.verbs.run import run_bundle as run_in_process
+from bundler.store.layout import Store
 from conftest import run_bundle
 from tests.tinymodels import make_pair
 from transformers import AutoModelForCausalLM
@@ -399,10 +399,10 @@ def test_the_decoding_thread_loads_the_pair_and_refusals_reach_the_caller(tmp_pa
     # thread that first ran torch stays alive: a pair loaded on the main thread and decoded on another ran
     # at 0.6x (benchmarks/serve.py). So the thread that loads the pair is the one that decodes with it.
     import runner.run
-    from bundler import serve
+    from bundler.serve import app as serve
     from core.errors import BundleError
-    from bundler.keys import key_id, load_public_key
-    from bundler.refs import parse_ref
+    from bundler.trust.keys import key_id, load_public_key
+    from bundler.store.refs import parse_ref
 
     store = Store(_pack(tmp_path, keypair))
     key = load_public_key(keypair[1])

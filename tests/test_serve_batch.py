@@ -82,7 +82,7 @@ def _same_up_to_ties(store: Path, prompt: str, alone: str, batched: str, max_tok
     if alone == batched:
         return True
     from runner.engines.llamacpp import load
-    from runner.gguf_model import read_header
+    from runner.checks.gguf_model import read_header
     from runner.gguf_run import GGUFTokenizer
 
     path = store / "ctx" / "target" / "model.gguf"

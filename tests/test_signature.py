@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from core.errors import BundleError
-from bundler.keys import key_id
-from bundler.signature import (
+from bundler.trust.keys import key_id
+from bundler.trust.signature import (
     PREDICATE_TYPE,
     SIGSTORE_BUNDLE_MEDIA_TYPE,
     format_time,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.metrics import Stats, best_predicted_speedup, predicted_speedup
-from runner.speculative import (
+from runner.decoding.stats import Stats, best_predicted_speedup, predicted_speedup
+from runner.decoding.speculative import (
     LOSS_BUDGET,
     LOSS_FLOOR,
     PATIENCE,

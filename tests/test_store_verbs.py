@@ -100,8 +100,8 @@ def _used_by(store: Path, bundle: str) -> set[str]:
 def test_gc_keeps_any_untagged_referrer_of_a_kept_bundle(two_bundles, keypair) -> None:
     store, a, _ = two_bundles
     # An artifact of another type (a run record, say) whose subject is bundle a: kept with a, gone after rm.
-    from bundler.manifest import OCI_MANIFEST, Descriptor, go_json
-    from bundler.store import Store
+    from bundler.format.manifest import OCI_MANIFEST, Descriptor, go_json
+    from bundler.store.layout import Store
 
     s = Store(store)
     a_size = (store / "blobs" / "sha256" / a[7:]).stat().st_size
@@ -132,7 +132,7 @@ def test_list_has_a_header_sizes_dates_signers_and_json(two_bundles, keypair) ->
     first = rows[0]
     assert set(first) >= {"ref", "digest", "name", "version", "size", "created", "signers"}
     assert first["digest"] == a and first["version"] == "1.0.0" and first["size"] > 0
-    from bundler.keys import key_id, load_public_key
+    from bundler.trust.keys import key_id, load_public_key
 
     assert first["signers"] == [key_id(load_public_key(keypair[1]))]
     assert first["created"].endswith("Z")

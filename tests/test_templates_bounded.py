@@ -1,4 +1,4 @@
-"""Chat templates are bounded (issue #24 item 3): every render goes through runner.chat_template, within
+"""Chat templates are bounded (issue #24 item 3): every render goes through runner.models.chat_template, within
 limits on steps (loop iterations), time and sizes; over a limit, and on a sandbox violation, a clean
 [invalid-bundle] refusal: exit 6 from `bundle run`, a 400 from a real `bundle serve`, which stays responsive."""
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import run_bundle
-from runner.chat_template import MAX_TEMPLATE_CHARS, TemplateRefused, render
+from runner.models.chat_template import MAX_TEMPLATE_CHARS, TemplateRefused, render
 from test_serve import REF, Server
 from tests.tinymodels import CHAT_TEMPLATE, make_pair
 
@@ -165,8 +165,8 @@ def test_serve_answers_400_for_a_hostile_template_and_health_stays_within_a_seco
 # -- every place a template comes from goes through the bounded renderer ----------------------------------
 def test_a_template_in_chat_template_jinja_through_transformers_is_bounded(tmp_path: Path) -> None:
     """chat_template.jinja sends the tokenizer to transformers' AutoTokenizer; its template is rendered here."""
-    from runner.chat_template import chat_ids
-    from runner.lean_tokenizer import LeanTokenizer, load_tokenizer
+    from runner.models.chat_template import chat_ids
+    from runner.models.lean_tokenizer import LeanTokenizer, load_tokenizer
     from tests.tinymodels import train_tokenizer, write_tokenizer
 
     directory = write_tokenizer(tmp_path / "tok", train_tokenizer())
@@ -183,7 +183,7 @@ def test_a_template_in_chat_template_jinja_through_transformers_is_bounded(tmp_p
 
 def test_a_template_in_gguf_metadata_is_bounded(tmp_path: Path) -> None:
     """A GGUF file's tokenizer.chat_template (the file's own llama.cpp tokenizer, as gguf_run loads it)."""
-    from runner.gguf_model import read_header
+    from runner.checks.gguf_model import read_header
     from runner.gguf_run import GGUFTokenizer
     from tests.tinygguf import write_gguf
 

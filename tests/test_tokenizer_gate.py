@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import runner.loading
+import runner.models.loading
 from core.errors import BundleError
 from runner.run import run_unpacked
-from runner.tokenizer_gate import check_config_agrees, check_tokenizers, fingerprint
+from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, fingerprint
 from tests.tinymodels import make_pair, tiny_llama_config, train_tokenizer, truncate_weights_to_header, write_tokenizer
 
 ROLES = {"target": "target/", "draft": "draft/", "tokenizer": "tokenizer/"}
@@ -139,12 +139,12 @@ def test_run_refuses_mismatched_tokenizers_before_loading_any_weights(tmp_path):
     edit_json(paths["draft"] / "tokenizer.json", lambda data: data.update(normalizer={"type": "Lowercase"}))
     truncate_weights_to_header(paths["target"])
     truncate_weights_to_header(paths["draft"])
-    loads = runner.loading.LOADS
+    loads = runner.models.loading.LOADS
     with pytest.raises(BundleError) as caught:
         run_unpacked(tmp_path, ROLES, {}, "hello", max_new_tokens=4)
     assert caught.value.code == "tokenizer-mismatch"
     assert caught.value.message.startswith("normalizer differs: target null draft")
-    assert runner.loading.LOADS == loads
+    assert runner.models.loading.LOADS == loads
 
 
 def test_probe_set_catches_an_encoding_difference_the_fields_do_not_name(pair):

@@ -1,9 +1,9 @@
 """Bundles that `bundle pack` refuses, built on purpose for tests of verify's and run's own refusals.
 
-`bundle pack` and `bundle sign` refuse content verify or run would refuse (bundler.contentcheck) and a
+`bundle pack` and `bundle sign` refuse content verify or run would refuse (bundler.trust.contentcheck) and a
 release signed before with other content. A test of what verify or run does with such a bundle (one that
 came from elsewhere: another tool, an older specbundle, a registry) builds it in-process with the library's
-`bundler.pack.pack`, which checks only the Kitfile and the tree, and `bundler.sign.sign_modelkit`. No user-facing
+`bundler.verbs.pack.pack`, which checks only the Kitfile and the tree, and `bundler.trust.sign.sign_modelkit`. No user-facing
 command or flag skips the checks.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bundler.keys import load_private_key
-from bundler.modelkit import load_modelkit
-from bundler.pack import pack
-from bundler.refs import parse_ref
-from bundler.sign import sign_modelkit
-from bundler.store import Store
+from bundler.trust.keys import load_private_key
+from bundler.store.modelkit import load_modelkit
+from bundler.verbs.pack import pack
+from bundler.store.refs import parse_ref
+from bundler.trust.sign import sign_modelkit
+from bundler.store.layout import Store
 
 
 def pack_unchecked(context: Path, ref: str, store: Path, key: Path | None = None, valid_days: float = 365) -> str:

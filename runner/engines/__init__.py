@@ -1,4 +1,4 @@
-"""Engines: what the one decoding loop (runner.speculative) needs from a model, and nothing more.
+"""Engines: what the one decoding loop (runner.decoding.speculative) needs from a model, and nothing more.
 
 An engine holds one model and its KV cache. `reset` empties the cache (room for so many tokens),
 `forward` runs token ids on top of the cache and returns their logits (every position's, or the last
@@ -37,7 +37,7 @@ class Engine(Protocol):
 
 
 def as_engine(model) -> Engine:
-    """An engine as is; a torch model (transformers or runner.compact_llama) wrapped in the torch engine."""
+    """An engine as is; a torch model (transformers or runner.models.compact_llama) wrapped in the torch engine."""
     if not isinstance(model, torch.nn.Module):
         return model
     from runner.engines.torch_engine import TorchEngine

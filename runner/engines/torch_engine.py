@@ -1,4 +1,4 @@
-"""The torch engine: a transformers model (or runner.compact_llama's forward) and its KV cache."""
+"""The torch engine: a transformers model (or runner.models.compact_llama's forward) and its KV cache."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 
 def new_cache(model, tokens: int = 0):
-    """The model's own cache when it brings one (runner.compact_llama; room for `tokens` reserved at once),
+    """The model's own cache when it brings one (runner.models.compact_llama; room for `tokens` reserved at once),
     else transformers' DynamicCache."""
     if hasattr(model, "new_cache"):
         return model.new_cache(tokens)

@@ -1,0 +1,1 @@
+"""The bundle format: the Kitfile, the ModelKit config and manifest, layer tars written and read, bounded JSON."""

@@ -1,0 +1,1 @@
+"""OCI registries: the distribution API v2 client (push, pull) and credentials."""

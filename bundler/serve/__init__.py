@@ -1,0 +1,1 @@
+"""`bundle serve`: the OpenAI-compatible app, its guard against hostile clients, requests, the decoding worker."""

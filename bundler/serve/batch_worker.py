@@ -1,0 +1,140 @@
+"""`bundle serve`'s decoding worker on the llama.cpp engine: continuous batching (runner.decoding.batching).
+
+Requests wait in serve's bounded queue as before; the worker takes one in whenever a sequence id is free
+(at the next step), runs one batched step for every active request, and lets each leave when it is done,
+stopped, over its time limit or cancelled by its client (its cache cells are removed before the next step).
+Each request keeps its own draft state and guard (runner.decoding.batching); the server remembers, as `bundle run`
+does across runs (runner.decoding.run_history), whether the draft paid in its recent requests, so that once it has
+stopped paying requests decode plainly from their first token, with a regular exploring request.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import time
+from typing import Any
+
+from core.errors import BundleError
+from bundler.serve.jobs import Job, JobStream
+from bundler.serve.openai_requests import ApiError
+from runner.decoding.batching import BatchedGenerator, Sequence, default_sequences
+from runner.checks.pairing import available_memory, check_memory
+from runner.decoding.run_history import RunHistory
+
+
+BATCH_WINDOW = 64  # recent steps whose mean batch size the status page shows
+
+
+class BatchWorker:
+    """The batched decoding loop of one serve Engine (its pair, queue and metrics)."""
+
+    def __init__(self, engine: Any, sequences: int | None = None, speculate: bool = True,
+                 memory_budget: int | None = None) -> None:
+        pair = engine.pair
+        memory, kv = pair.memory, int(pair.memory["kv_cache_bytes"])  # kv: both models' caches of one sequence
+        if sequences is None:  # as many KV caches of the full context as fit beside what is loaded
+            left = (memory_budget if memory_budget is not None else available_memory("cpu")) - int(memory["total_bytes"])
+            sequences = default_sequences(kv, left)
+        else:  # the memory preflight, for the batch's caches beside the loaded pair's own
+            check_memory({**memory, "kv_cache_bytes": kv * (1 + sequences), "total_bytes": int(memory["total_bytes"]) + kv * sequences,
+                          "max_tokens": f"{sequences} x {pair.context_tokens}"}, memory_budget, "cpu")
+        params = pair.params
+        self.engine = engine
+        try:
+            self.generator = BatchedGenerator(
+                pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens,
+                draft_tokens=pair.draft_tokens, adaptive=bool(params.get("adaptive", True)),
+                draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=pair.eos_ids,
+                min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
+                vocab_size=pair.vocab_size,
+            )
+        except RuntimeError as exc:  # llama.cpp could not allocate the contexts
+            raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
+        self.sequences = sequences
+        self.history = RunHistory()  # this server's requests only: nothing is written
+        self.live_jobs: dict[int, tuple[Job, JobStream, Sequence, bool]] = {}
+        self.recent_batches: collections.deque[int] = collections.deque(maxlen=BATCH_WINDOW)
+        engine.metrics.sequences.set(sequences)
+
+    def live(self) -> dict[str, Any]:
+        """Figures for the status page."""
+        recent = list(self.recent_batches)
+        return {"active_sequences": len(self.live_jobs), "sequences": self.sequences,
+                "batch_size": sum(recent) / len(recent) if recent else None}
+
+    def work(self) -> None:
+        """Until serve puts None in the queue: admit, step, finish; then the active requests are finished."""
+        engine, generator, metrics = self.engine, self.generator, self.engine.metrics
+        stopping = False
+        while True:
+            while not stopping and generator.free():
+                try:  # wait for work only when nothing is being decoded
+                    job = engine.jobs.get(block=not generator.active())
+                except queue.Empty:
+                    break
+                metrics.queue_depth.set(engine.jobs.qsize())
+                if job is None:
+                    stopping = True
+                elif job.cancelled.is_set():  # its client went away while it waited
+                    metrics.requests.labels(status="cancelled").inc()
+                else:
+                    self._admit(job)
+            for seq, (job, stream, s, _) in list(self.live_jobs.items()):
+                if job.cancelled.is_set():  # its client went away: its sequence leaves before the next step
+                    generator.cancel(s)
+                    self._finish(seq)
+            if not generator.active():
+                if stopping:
+                    return
+                continue
+            try:
+                finished = generator.step()
+            except Exception as exc:  # noqa: BLE001 - reported to each client as a 500, the worker goes on
+                self._fail(exc)
+                continue
+            for size in generator.batch_sizes:
+                metrics.batch_size.observe(size)
+                self.recent_batches.append(size)
+            generator.batch_sizes.clear()
+            for s in finished:
+                self._finish(s.seq)
+            metrics.active.set(len(self.live_jobs))
+
+    def _admit(self, job: Job) -> None:
+
+        engine = self.engine
+        engine.metrics.queue_wait.observe(time.perf_counter() - job.enqueued)
+        seeded = job.seed is not None and job.temperature > 0.0
+        advice = self.history.advice(seeded) if engine.pair.params.get("guard", True) else None
+        stream = JobStream(job, engine.pair.tokenizer, engine.metrics)
+        s = self.generator.add(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
+                               seed=job.seed, on_tokens=stream.on_tokens, start_plain=advice)
+        self.live_jobs[s.seq] = (job, stream, s, advice is not None)
+        engine.busy = True
+        engine.metrics.active.set(len(self.live_jobs))
+        if s.done:  # nothing to generate
+            self._finish(s.seq)
+
+    def _finish(self, seq: int) -> None:
+        job, stream, s, advised = self.live_jobs.pop(seq)
+        stats = s.stats.as_dict()
+        result = {"text": self.engine.pair.tokenizer.decode(s.tokens, skip_special_tokens=True), "tokens": s.tokens,
+                  "stats": stats, "positions": {"drafted": list(s.stats.drafted_at), "accepted": list(s.stats.accepted_at)}}
+        finished = not job.cancelled.is_set()  # read before `done` is sent: the client's side then sets it
+        try:
+            self.engine.finish(job, stream, result)
+        finally:
+            if finished:
+                self.history.record(stats, advised=advised, seeded=job.seed is not None and job.temperature > 0.0)
+            self.engine.busy = bool(self.live_jobs)
+            self.engine.metrics.active.set(len(self.live_jobs))
+
+    def _fail(self, exc: Exception) -> None:
+        for job, _, s, _ in self.live_jobs.values():
+            self.generator.cancel(s)
+            self.engine.metrics.requests.labels(status="error").inc()
+            job.emit("error", ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error"))
+        self.live_jobs.clear()
+        self.engine.busy = False
+        self.engine.metrics.active.set(0)

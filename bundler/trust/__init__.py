@@ -1,0 +1,1 @@
+"""Trust: keys, DSSE, signatures (model-signing and cosign-style), the release memory, verify, run records."""

@@ -1,0 +1,1 @@
+"""The command flows the CLI calls: init, pack, inspect, unpack, fetch, run."""

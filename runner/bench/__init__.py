@@ -1,0 +1,1 @@
+"""`bundle bench`: timed runs against peers, on torch and GGUF bundles, and what machine they ran on."""

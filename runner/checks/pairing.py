@@ -1,0 +1,105 @@
+"""Pairing policy: a shared model family, a minimum size gap, and memory enough for both.
+
+All of it is decided from config.json and safetensors headers, before any weight is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from core.errors import BundleError
+from runner.checks.modelinfo import Ranges, count_parameters, read_config
+
+DEFAULT_MIN_SIZE_RATIO = 4.0
+# model_type variants that share a family (and so, usually, a tokenizer and training data).
+FAMILY_ALIASES = {
+    "qwen2_moe": "qwen2",
+    "qwen3_moe": "qwen3",
+    "mixtral": "mistral",
+    "gemma2": "gemma",
+    "gemma3_text": "gemma",
+    "gemma3": "gemma",
+    "llama4_text": "llama4",
+    "phi3small": "phi3",
+}
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def model_family(model_type: str) -> str:
+    return FAMILY_ALIASES.get(model_type, model_type)
+
+
+def check_pairing(target_dir: Path, draft_dir: Path, params: Mapping, ranges: Ranges | None = None) -> dict:
+    """Target and draft share a model family (unless params["allow_cross_family"]) and the target has at
+    least params["min_size_ratio"] (default 4) times the draft's parameters (`ranges`: weight files left in
+    layer blobs, see runner.checks.modelinfo).
+
+    Returns {"target_family", "draft_family", "target_parameters", "draft_parameters", "size_ratio"};
+    raises BundleError "model-family" or "size-ratio".
+    """
+    target_type = read_config(target_dir).get("model_type", "unknown")
+    draft_type = read_config(draft_dir).get("model_type", "unknown")
+    target_family, draft_family = model_family(target_type), model_family(draft_type)
+    if target_family != draft_family and not params.get("allow_cross_family", False):
+        raise BundleError(
+            "model-family",
+            f"target is {target_type}, draft is {draft_type}: different model families "
+            "(set speculative.allow_cross_family in the Kitfile to allow)",
+        )
+    target_params, draft_params = count_parameters(target_dir, ranges), count_parameters(draft_dir, ranges)
+    ratio = target_params / max(draft_params, 1)
+    min_ratio = float(params.get("min_size_ratio", DEFAULT_MIN_SIZE_RATIO))
+    if ratio < min_ratio:
+        raise BundleError(
+            "size-ratio",
+            f"target has {target_params:,} parameters, draft {draft_params:,}: ratio {ratio:.2f} < {min_ratio:g} "
+            "(a draft this large costs more than it saves)",
+        )
+    return {
+        "target_family": target_family,
+        "draft_family": draft_family,
+        "target_parameters": target_params,
+        "draft_parameters": draft_params,
+        "size_ratio": ratio,
+    }
+
+
+def available_memory(device: str = "cpu") -> int:
+    """Bytes free for the models: free GPU memory on CUDA, else MemAvailable from /proc/meminfo."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    # psutil is not a dependency; /proc/meminfo's MemAvailable is what it reads on Linux anyway.
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(estimate: Mapping, budget_bytes: int | None, device: str = "cpu") -> None:
+    """Refuses (code "memory-budget") when the estimate exceeds the budget, or the memory available."""
+    limit = budget_bytes if budget_bytes is not None else available_memory(device)
+    source = "--memory-budget" if budget_bytes is not None else f"available on {device}"
+    if estimate["total_bytes"] > limit:
+        raise BundleError(
+            "memory-budget",
+            f"needs {human_bytes(estimate['total_bytes'])} (weights {human_bytes(estimate['weights_bytes'])} "
+            f"+ KV cache {human_bytes(estimate['kv_cache_bytes'])} for {estimate.get('max_tokens', '?')} tokens) "
+            f"but {human_bytes(limit)} is {source}",
+        )

@@ -1,0 +1,1 @@
+"""Decoding: the speculative loop, its statistics, the run history and continuous batching."""

@@ -1,0 +1,405 @@
+"""Continuous batching on the llama.cpp engine: many generations share one llama.cpp context per model, one
+sequence id each, and every step decodes one batch holding each active sequence's next token (or its last
+token and its drafted tokens, to verify), plus a chunk of a joining sequence's prompt.
+
+The loop is runner.decoding.speculative's, cut into steps and run for several sequences at once: each sequence keeps
+its own sampler, draft length, statistics and guard (runner.decoding.speculative.Guard); the guard judges with the
+costs of the batched passes actually run, each pass's time shared among its sequences by the tokens each put
+in it. So a sequence's speculation pays only when its drafted tokens cost less, inside the batch, than the
+tokens they save: with many sequences in a batch a token's share approaches its full cost and the guards
+stop drafting by themselves (docs/serving.md). How llama-server's slots do the same was read, not copied:
+one shared context, a sequence id per slot, the prompt chunked into the same batch as the decoding tokens.
+
+A request joins at the next step (`add`) and leaves when done, stopped or cancelled: its cache cells are
+removed from both contexts at once, and its sequence id is free for the next one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from runner.engines.llamacpp import N_BATCH, LlamaCppEngine
+from runner.decoding.stats import Stats
+from runner.decoding.speculative import Guard, Sampler, adapt_draft_length, finish_tokens, parameter_costs, verify_sampled
+
+SEQUENCES_CAP = 8  # the default number of sequences, at most (fewer where their KV caches do not fit)
+
+
+def default_sequences(kv_bytes_per_sequence: int, available_bytes: int, cap: int = SEQUENCES_CAP) -> int:
+    """How many sequences to serve at once: as many KV caches (at the full context length) as fit in the
+    memory left, between 1 and cap."""
+    if kv_bytes_per_sequence <= 0:
+        return cap
+    return max(1, min(cap, available_bytes // kv_bytes_per_sequence))
+
+
+class SharedContext:
+    """One llama.cpp context over an engine's loaded model, holding up to `sequences` sequences of
+    `n_ctx_seq` tokens each (a KV cache of its own per sequence: kv_unified off, as the sequences share no
+    prefix). The weights are the engine's: nothing is loaded twice."""
+
+    def __init__(self, engine: LlamaCppEngine, sequences: int, n_ctx_seq: int) -> None:
+        import llama_cpp
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        self._lib = llama_cpp
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = sequences * n_ctx_seq
+        params.n_batch = params.n_ubatch = N_BATCH
+        params.n_seq_max = sequences
+        params.n_threads = params.n_threads_batch = engine.threads
+        params.kv_unified = False
+        params.no_perf = True
+        self._engine = engine  # the model must outlive this context
+        with suppress_stdout_stderr(disable=False):  # llama.cpp's start-up log, as the engine's Llama(verbose=False)
+            self.ctx = llama_cpp.llama_init_from_model(engine.llm.model, params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {sequences} sequences of {n_ctx_seq} tokens")
+        self._memory = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
+        self.sequences, self.n_ctx_seq, self.vocab_size = sequences, n_ctx_seq, engine.vocab_size
+        self.lengths = [0] * sequences  # tokens in each sequence's cache
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self.ctx)
+            self._batch = self.ctx = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self.close()
+
+    def decode(self, rows: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
+        """One llama_decode of rows (sequence, tokens, all_logits) appended to their sequences' caches (at
+        most N_BATCH tokens in all); returns each row's logits: (len(tokens), V), or (1, V) for its last.
+        The arrays are views of the context's buffer, valid until its next decode (a copy of a verify pass's
+        rows would cost more than their argmax): use them before decoding again."""
+        batch, lib = self._batch, self._lib
+        i = 0
+        for seq, tokens, all_logits in rows:
+            start = self.lengths[seq]
+            if start + len(tokens) > self.n_ctx_seq:
+                raise ValueError(f"{start + len(tokens)} tokens exceed a sequence's context ({self.n_ctx_seq})")
+            for j, token in enumerate(tokens):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + j, 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = all_logits or j == len(tokens) - 1
+                i += 1
+        if i > N_BATCH:
+            raise ValueError(f"{i} tokens in one batch; at most {N_BATCH}")
+        batch.n_tokens = i
+        if i and lib.llama_decode(self.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed (the KV cache is full?)")
+        outputs = sum(len(t) if a else 1 for _, t, a in rows if t)
+        pointer = lib.llama_get_logits(self.ctx)
+        block = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
+                                      shape=(outputs, self.vocab_size)) if outputs else None
+        out, row = [], 0
+        for seq, tokens, all_logits in rows:
+            self.lengths[seq] += len(tokens)
+            n = (len(tokens) if all_logits else 1) if tokens else 0
+            out.append(block[row : row + n] if n else np.empty((0, self.vocab_size), np.float32))
+            row += n
+        return out
+
+    def keep(self, seq: int, n: int) -> None:
+        """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
+        self._lib.llama_memory_seq_rm(self._memory, seq, n, -1)
+        self.lengths[seq] = n
+
+
+@dataclass
+class Sequence:
+    """One generation in the batch: runner.decoding.speculative's loop state, for one sequence id."""
+
+    seq: int
+    prompt: list[int]
+    max_new_tokens: int
+    sampler: Sampler
+    on_tokens: Callable[[list[int]], bool | None] | None
+    guard: Guard | None
+    stats: Stats = field(default_factory=Stats)
+    tokens: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the target's cache
+    last: int | None = None  # the newest token, not yet in the target's cache
+    behind: list[int] = field(default_factory=list)  # tokens the draft's cache lacks
+    k: int = 1
+    done: bool = False
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    # per step: the time attributed to this sequence, by its share of each batched pass
+    _draft_s: float = 0.0
+    _draft_catch_up: bool = False
+    _observe: tuple[int, int, float] | None = None  # this step's speculative iteration, for the guard
+    _budget: int = 0  # drafts planned this step
+
+
+def _share(seconds: float, rows: list[tuple[int, list[int], bool]]) -> list[float]:
+    """A pass's time split among its rows by the tokens each put in it."""
+    total = sum(len(t) for _, t, _ in rows) or 1
+    return [seconds * len(t) / total for _, t, _ in rows]
+
+
+class BatchedGenerator:
+    """The decoding loop over many sequences: `add` a generation, `step` until none is active.
+
+    target, draft: the pair's llama.cpp engines (draft None: plain decoding). sequences: how many may be
+    active at once; n_ctx_seq: the tokens one sequence may hold (prompt, new tokens and a draft's look-ahead).
+    The other settings are generate_speculative's, for every sequence alike.
+    """
+
+    def __init__(self, target: LlamaCppEngine, draft: LlamaCppEngine | None, *, sequences: int, n_ctx_seq: int,
+                 draft_tokens: int = 5, adaptive: bool = True, draft_confidence: float = 0.0,
+                 eos_ids: Iterable[int] = (), min_acceptance: float = 0.0, guard: bool = True,
+                 vocab_size: int | None = None) -> None:
+        self.target = SharedContext(target, sequences, n_ctx_seq)
+        self.draft = SharedContext(draft, sequences, n_ctx_seq) if draft is not None else None
+        sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
+        self.vocab_size = vocab_size or min(sizes)
+        self.costs = parameter_costs(target, draft) if draft is not None else None
+        self.draft_tokens, self.adaptive, self.draft_confidence = max(draft_tokens, 1), adaptive, draft_confidence
+        self.eos, self.min_acceptance, self.use_guard = set(eos_ids), min_acceptance, guard
+        self.slots: list[Sequence | None] = [None] * sequences
+        self.batch_sizes: list[int] = []  # sequences in each step's target pass (a caller may drain it)
+
+    # -- joining and leaving -------------------------------------------------------------------------
+    def free(self) -> int:
+        """Sequence ids free for a new generation."""
+        return sum(s is None for s in self.slots)
+
+    def active(self) -> list[Sequence]:
+        return [s for s in self.slots if s is not None]
+
+    def add(self, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
+            seed: int | None = None, on_tokens: Callable[[list[int]], bool | None] | None = None,
+            start_plain: str | None = None) -> Sequence:
+        """A generation joins at the next step (its prompt is prefilled in chunks among the others' tokens)."""
+        if not prompt_ids:
+            raise ValueError("the prompt has no tokens")
+        room = len(prompt_ids) + max_new_tokens + 2 * self.draft_tokens + 1
+        if room > self.target.n_ctx_seq:
+            raise ValueError(f"{room} tokens exceed a sequence's context ({self.target.n_ctx_seq})")
+        seq = self.slots.index(None)  # ValueError when full: the caller checks free() first
+        sampler = Sampler(temperature, top_p, seed, torch.device("cpu"), self.vocab_size)
+        stats = Stats()
+        # A seeded sample must not depend on the clock (nor on the batch): its guard decides on a cost model.
+        costs = self.costs if seed is not None and not sampler.greedy else None
+        guard = Guard(stats, 2 * self.draft_tokens, self.min_acceptance, costs) if self.use_guard and self.draft else None
+        if guard and start_plain:
+            guard.start_plain(start_plain)
+        s = Sequence(seq, list(prompt_ids), max_new_tokens, sampler, on_tokens, guard, stats, k=self.draft_tokens)
+        self.slots[seq] = s
+        if max_new_tokens <= 0:
+            self._leave(s)
+        return s
+
+    def _leave(self, s: Sequence) -> None:
+        s.done = True
+        s.stats.new_tokens, s.stats.elapsed_s, s.stats.draft_tokens_final = len(s.tokens), time.perf_counter() - s.started, s.k
+        self.target.keep(s.seq, 0)
+        if self.draft:
+            self.draft.keep(s.seq, 0)
+        self.slots[s.seq] = None
+
+    def cancel(self, s: Sequence) -> None:
+        """Ends a generation now (its client went away): its cells are removed, its id is free."""
+        if not s.done:
+            self._leave(s)
+
+    # -- one step ------------------------------------------------------------------------------------
+    def _pick(self, s: Sequence, logits: np.ndarray) -> tuple[int, torch.Tensor | None]:
+        if s.sampler.greedy:  # numpy's argmax: no torch thread pool beside llama.cpp's threads
+            return int(logits[-1, : self.vocab_size].argmax()), None
+        token, q = s.sampler.pick(torch.from_numpy(logits[-1:]))
+        return int(token), q
+
+    @torch.inference_mode()
+    def step(self) -> list[Sequence]:
+        """One step of every active sequence: the drafts of those whose guard says to draft (one batched
+        draft pass per draft position), then one batched target pass (prompt chunks, single steps and verify
+        passes together). Returns the sequences that finished in it."""
+        decoding = [s for s in self.active() if s.last is not None]
+        prefilling = [s for s in self.active() if s.last is None]
+        plan: dict[int, int] = {}
+        for s in decoding:
+            judge = s.guard
+            remaining = s.max_new_tokens - len(s.tokens) - 1
+            wants = self.draft is not None and (judge is None or judge.drafting(len(s.tokens)))
+            plan[s.seq] = s._budget = min(s.k, judge.k_cap if judge else s.k, remaining) if wants else 0
+        drafts, qs = self._draft_all([s for s in decoding if plan[s.seq] > 0], plan)
+
+        rows: list[tuple[int, list[int], bool]] = []
+        for s in decoding:
+            d = drafts.get(s.seq, [])
+            rows.append((s.seq, [s.last, *d], bool(d)))
+        room = N_BATCH - sum(len(t) for _, t, _ in rows)
+        chunks: dict[int, list[int]] = {}
+        for s in prefilling:  # prompts fill the rest of the batch, oldest first
+            if room <= 0:
+                break
+            chunk = s.prompt[s.prefilled : s.prefilled + room]
+            chunks[s.seq] = chunk
+            rows.append((s.seq, chunk, False))
+            room -= len(chunk)
+        if not rows:
+            return []
+        t0 = time.perf_counter()
+        logits = self.target.decode(rows)
+        seconds = time.perf_counter() - t0
+        self.batch_sizes.append(len(rows))
+        finished = []
+        for (seq, tokens, _), out, share in zip(rows, logits, _share(seconds, rows)):
+            s = self.slots[seq]
+            if seq in chunks:
+                new = self._prefilled(s, tokens, out, share)
+            elif drafts.get(seq):
+                new = self._verified(s, drafts[seq], qs.get(seq), out, share)
+            else:
+                new = self._stepped(s, out, share)
+            if new is not None and self._emit(s, new):
+                finished.append(s)
+        return finished
+
+    def _draft_all(self, drafting: list[Sequence], plan: dict[int, int]) -> tuple[dict[int, list[int]], dict]:
+        """Up to plan[seq] draft tokens per drafting sequence, one batched draft pass per position (the first
+        also runs what each draft cache lacks)."""
+        drafts: dict[int, list[int]] = {s.seq: [] for s in drafting}
+        qs: dict[int, list[torch.Tensor]] = {s.seq: [] for s in drafting}
+        sure = {s.seq: 1.0 for s in drafting}
+        for s in drafting:
+            s._draft_s, s._draft_catch_up = 0.0, len(s.behind) > 2
+        going = list(drafting)
+        first = True
+        while going:
+            rows = [(s.seq, s.behind if first else [drafts[s.seq][-1]], False) for s in going]
+            if sum(len(t) for _, t, _ in rows) > N_BATCH:  # long catch-ups: one sequence per pass
+                outs, shares = [], []
+                for row in rows:
+                    t0 = time.perf_counter()
+                    outs += self._decode_long(self.draft, row)
+                    shares.append(time.perf_counter() - t0)
+            else:
+                t0 = time.perf_counter()
+                outs = self.draft.decode(rows)
+                shares = _share(time.perf_counter() - t0, rows)
+            for s, out, share in zip(going, outs, shares):
+                s._draft_s += share
+                token, q = self._pick(s, out)
+                drafts[s.seq].append(token)
+                if q is not None:
+                    qs[s.seq].append(q)
+                if self.draft_confidence > 0.0:
+                    p = q[0, token] if q is not None else torch.softmax(torch.from_numpy(out[-1, : self.vocab_size]), -1).max()
+                    sure[s.seq] *= float(p)
+            if first:
+                for s in going:
+                    s.behind = []
+                first = False
+            going = [s for s in going if len(drafts[s.seq]) < plan[s.seq] and sure[s.seq] >= self.draft_confidence]
+        return drafts, {seq: torch.cat(q) for seq, q in qs.items() if q}
+
+    @staticmethod
+    def _decode_long(ctx: SharedContext, row: tuple[int, list[int], bool]) -> list[np.ndarray]:
+        seq, tokens, _ = row
+        out = None
+        for i in range(0, len(tokens), N_BATCH):
+            out = ctx.decode([(seq, tokens[i : i + N_BATCH], False)])[0]
+        return [out.copy()]  # the next row's passes reuse the buffer
+
+    def _prefilled(self, s: Sequence, chunk: list[int], out: np.ndarray, seconds: float) -> list[int] | None:
+        s.prefilled += len(chunk)
+        s.stats.target_passes += 1
+        s.stats.target_calls.append((s.prefilled - len(chunk), len(chunk)))
+        if s.prefilled < len(s.prompt):
+            return None
+        token, _ = self._pick(s, out)  # the first new token comes with the prompt's last chunk
+        s.last, s.behind = token, [*s.prompt, token]
+        return [token]
+
+    def _stepped(self, s: Sequence, out: np.ndarray, seconds: float) -> list[int]:
+        stats = s.stats
+        token, _ = self._pick(s, out)
+        stats.target_calls.append((self.target.lengths[s.seq] - 1, 1))
+        stats.step_time_s += seconds
+        stats.target_passes += 1
+        stats.plain_steps += 1
+        stats.steps_timed += 1
+        s.last = token
+        s.behind.append(token)
+        return [token]
+
+    def _verified(self, s: Sequence, drafted: list[int], q: torch.Tensor | None, out: np.ndarray, seconds: float) -> list[int]:
+        stats, kk = s.stats, len(drafted)
+        drafts = torch.tensor(drafted, dtype=torch.long)
+        if s.sampler.greedy:
+            choice = out[:, : self.vocab_size].argmax(-1).tolist()
+            n = 0
+            while n < kk and drafted[n] == choice[n]:
+                n += 1
+            token, new = choice[n], drafted[:n] + [choice[n]]
+        else:
+            n, last, new = verify_sampled(torch.from_numpy(out), drafts, q, s.sampler)
+            token = int(last)
+        before = self.target.lengths[s.seq] - kk - 1
+        with_prompt = not stats.speculative_iterations  # the draft's first pass also ran the prompt
+        stats.target_calls.append((before, kk + 1))
+        stats.target_passes += 1
+        stats.record_verify(kk, n)
+        stats.draft_passes += kk
+        if not s._draft_catch_up:
+            stats.draft_time_s += s._draft_s
+            stats.draft_steps_timed += kk
+        elif with_prompt:  # else a catch-up over the tokens of a plain stretch, counted as the trial's cost
+            stats.draft_prefill_s += s._draft_s
+        stats.verify_time_s += seconds
+        stats.verifies_timed += 1
+        stats.verify_time_by_k[kk] = stats.verify_time_by_k.get(kk, 0.0) + seconds
+        stats.verifies_by_k[kk] = stats.verifies_by_k.get(kk, 0) + 1
+        spec_s = s._draft_s + seconds
+        stats.spec_time_s += spec_s
+        stats.spec_tokens += n + 1
+        if n < kk:  # roll both caches back to the accepted prefix
+            self.target.keep(s.seq, before + 1 + n)
+            self.draft.keep(s.seq, self.draft.lengths[s.seq] - (kk - 1 - n))
+            s.behind = [token]
+        else:  # all accepted: the draft has not run its own last token yet
+            s.behind = [drafted[-1], token]
+        s.last = token
+        if self.adaptive and s._budget == s.k:  # a draft length cut by the guard or the end says nothing
+            s.k = adapt_draft_length(s.k, kk, n, 2 * self.draft_tokens)
+        s._observe = (kk, n, spec_s)
+        return new
+
+    def _emit(self, s: Sequence, new: list[int]) -> bool:
+        """Hands a sequence its new tokens; it leaves when done or when its caller asks to stop."""
+        new, done = finish_tokens(s.tokens, new, s.max_new_tokens, self.eos)
+        s.tokens += new
+        if s.first_token_at is None:
+            s.first_token_at = time.perf_counter()
+        if s.on_tokens and s.on_tokens(new):
+            done = True
+        if s._observe and s.guard:
+            s.guard.observe(*s._observe, len(s.tokens))
+        s._observe = None
+        if done:
+            self._leave(s)
+        return done
+
+    def run(self, requests: list[dict], on_step: Callable[[], None] | None = None) -> list[Sequence]:
+        """All requests (add's keyword arguments, with prompt_ids) through the batch, joining as ids free up;
+        returns their sequences in order. For tests and benchmarks; a server calls add/step itself."""
+        waiting, all_seqs = list(requests), []
+        while waiting or self.active():
+            while waiting and self.free():
+                all_seqs.append(self.add(**waiting.pop(0)))
+            self.step()
+            if on_step:
+                on_step()
+        return all_seqs

@@ -1,0 +1,88 @@
+"""The guard's memory across runs: a draft that has stopped paying for a bundle on this machine is not tried
+again on every run.
+
+Why: where a verify pass costs nearly a target step per token (the Q4_1 GGUF demo on a 2-core AVX2 EPYC:
+a 4-token llama.cpp pass costs 3.5 single steps, so no acceptance rate can pay), the guard finds out on
+every run that the draft does not pay, and finding out costs the draft's prefill of the prompt and one
+speculative iteration: about 2.3 target steps a run, 1.6 to 2.4% of a 128-token answer (benchmarks on that
+CPU, in the README). A run of a bundle whose last UNPAID_RUNS runs on this machine all fell back for good
+(the guard switched to plain decoding and no trial resumed speculation) decodes plainly from the first
+token, with no trial, and says so in its `fallback`; every EXPLORE_EVERY-th run speculates as usual, so a
+draft that pays again (other prompts, another machine under the same name, a new engine) is found.
+
+What is remembered is keyed by the bundle's digest, the CPU model and its core count; it holds counts only
+(no prompt, no output). Greedy output is the same either way (the decoding is lossless); seeded sampling is
+neither advised nor recorded, so a seed's output never depends on earlier runs. The runner keeps no files:
+the caller (bundler.verbs.run: `bundle run` and `bench`, not `serve`) reads the counts and gets them back
+through `save`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+UNPAID_RUNS = 3  # runs in a row in which the draft did not pay, before runs start plain
+EXPLORE_EVERY = 8  # then every this many runs speculates as usual
+
+
+def machine_key(bundle_digest: str) -> str:
+    """The bundle on this machine: its digest, the CPU model and its core count."""
+    from runner.bench.machine import cpu_info
+
+    cpu = cpu_info()
+    return f"{bundle_digest}|{cpu['model']}|{cpu['cores']}"
+
+
+@dataclass
+class RunHistory:
+    """Counts for one key: `runs` (runs recorded) and `unpaid` (the latest of them in a row that fell back
+    for good). `save` receives the counts after each recorded run."""
+
+    runs: int = 0
+    unpaid: int = 0
+    save: Callable[[dict[str, int]], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, Any] | None, save: Callable[[dict[str, int]], None] | None = None) -> "RunHistory":
+        """From stored counts; anything that is not a pair of counts starts afresh (it is only an economy)."""
+        counts = counts if isinstance(counts, Mapping) else {}
+        runs, unpaid = counts.get("runs"), counts.get("unpaid")
+        valid = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (runs, unpaid))
+        return cls(runs, unpaid, save) if valid else cls(save=save)
+
+    def counts(self) -> dict[str, int]:
+        return {"runs": self.runs, "unpaid": self.unpaid}
+
+    def advice(self, seeded: bool) -> str | None:
+        """Why this run should decode plainly from its first token, or None: speculate as usual."""
+        if seeded or self.unpaid < UNPAID_RUNS or (self.runs + 1) % EXPLORE_EVERY == 0:
+            return None
+        return (f"the draft did not pay in the last {self.unpaid} runs of this bundle on this machine: plain decoding "
+                f"from the first token (every {EXPLORE_EVERY}th run speculates)")
+
+    def record(self, stats: Mapping[str, Any], advised: bool, seeded: bool) -> None:
+        """One finished run: whether its speculation fell back for good (a run that did not speculate, advised
+        or too short, says nothing about the draft)."""
+        if seeded:
+            return
+        self.runs += 1
+        if not advised and stats.get("speculative_iterations"):
+            fallback = stats.get("fallback")
+            self.unpaid = self.unpaid + 1 if fallback and not fallback.get("resumed") else 0
+        if self.save is not None:
+            self.save(self.counts())
+
+
+def with_history(history: RunHistory | None, params: Mapping[str, Any], temperature: float, seed: int | None,
+                 run: Callable[[str | None], Any]) -> Any:
+    """One run under the history: `run(start_plain)` gets the advice (None: speculate as usual; always None
+    without a history or without the guard) and returns a GenerationResult, whose stats are then recorded."""
+    seeded = seed is not None and temperature > 0.0
+    if history is None or not params.get("guard", True):
+        return run(None)
+    advice = history.advice(seeded)
+    result = run(advice)
+    history.record(result.stats.as_dict(), advised=advice is not None, seeded=seeded)
+    return result
