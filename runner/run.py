@@ -10,6 +10,7 @@ preflight, then the weights; returns a `LoadedPair`) and `generate` (one prompt 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from core.errors import BundleError
 from runner.models.lean_tokenizer import load_tokenizer
-from runner.models.loading import ModelFiles, check_weight_files, load_models
+from runner.models.loading import ModelFiles, check_weight_files, load_models, torch_import_bytes
 from runner.checks.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
 from runner.checks.pairing import check_memory, check_pairing
@@ -182,6 +183,7 @@ def load_pair(
     tokenizer = load_tokenizer(checked["tokenizer_dir"])  # transformers' AutoTokenizer where a lean one would differ
     prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
     max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens)
+    torch_later = "torch" not in sys.modules  # a CPU build imports it while the weights are read (resolve_device)
     memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=prompt_tokens,
                              draft_tokens=draft_tokens, ranges=ranges)
     check_memory(memory, memory_budget, device)
@@ -191,6 +193,8 @@ def load_pair(
         dtype, device, compact=True,
     )
     target, draft = runtime_target(target), runtime_draft(draft, checked)
+    if torch_later:  # after the estimate: the predicted peak counts the import as load_models measured it
+        memory["predicted_peak_bytes"] += torch_import_bytes() or 0
     return LoadedPair(
         tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
         eos_ids=eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
