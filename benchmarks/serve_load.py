@@ -42,6 +42,7 @@ from bundler.trust.keys import key_id, load_public_key  # noqa: E402
 from bundler.store.refs import parse_ref  # noqa: E402
 from bundler.verbs.run import _runner_args, verified_view  # noqa: E402
 from bundler.store.layout import Store  # noqa: E402
+from runner.decoding.settings import thread_count  # noqa: E402
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specbundle" / "llama-server"
 # llama-cpp-python builds its library with GGML_NATIVE on (the engine's flags); the server the same way,
@@ -183,7 +184,7 @@ def main() -> None:
     with verified_view(Store(Path(args.store)), parse_ref(args.ref), {key_id(key): key}) as checkout:
         roles, params = _runner_args(checkout.report)["roles"], _runner_args(checkout.report)["params"]
         files = {role: next((checkout.root / roles[role]).glob("*.gguf")) for role in ("target", "draft")}
-        threads = int(params.get("threads") or os.cpu_count() or 1)
+        threads = thread_count(params)  # the threads bundle serve gives llama.cpp
         ctx_seq = 4096  # the prompt and answer limits of bundle serve (bundler.serve.app) fit in it
 
         def start(name: str, clients: int) -> Process:

@@ -1,19 +1,19 @@
-"""Runs an unpacked GGUF bundle on the llama.cpp engine: the GGUF checks (runner.checks.gguf_model) before any
-weights load, then both files through runner.engines.llamacpp, then the one decoding loop."""
+"""Loads an unpacked GGUF bundle on the llama.cpp engine: the GGUF checks (runner.checks.gguf_model) before any
+weights load, then both files through runner.engines.llamacpp, into the LoadedPair that runner.run's one
+generate step (and serve, and bench) takes."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
-from runner.models import chat_template
-
 from runner.checks import gguf_model
-from runner.engines import llamacpp
-from runner.pair import LoadedPair
 from runner.checks.pairing import check_memory
+from runner.decoding.settings import cache_tokens, thread_count
+from runner.engines import llamacpp
+from runner.models import chat_template
+from runner.pair import LoadedPair
 
 
 # The template's bos/eos variables render empty: llama.cpp adds bos itself (tokenizer.ggml.add_bos_token).
@@ -58,99 +58,27 @@ class GGUFTokenizer:
 
 
 def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_tokens: int,
-                   memory_budget: int | None):
-    """runner.run.load_pair for a GGUF pair (bundle serve): the same checks, then both files loaded once.
-    context: (prompt tokens, new tokens), or a function of the tokenizer giving them."""
-
-    files = {role: gguf_model.gguf_files(dirs[role])[0] for role in ("target", "draft")}
-    headers = {role: gguf_model.read_header(path) for role, path in files.items()}
-    fingerprint = gguf_model.check_tokenizers(files, headers)
-    pairing = gguf_model.check_pairing(headers, params)
+                   memory_budget: int | None) -> LoadedPair:
+    """runner.run.load_pair for a GGUF pair (bundle run, serve, bench): the GGUF checks, the memory preflight,
+    then both files loaded once. context: (prompt tokens, new tokens), or a function of the tokenizer giving them."""
+    checked = gguf_model.preflight(dirs, params)
+    files, headers = checked["files"], checked["headers"]
     tokenizer = GGUFTokenizer(files["target"], headers["target"]["metadata"])
     prompt_tokens, new_tokens = context(tokenizer) if callable(context) else context
-    n_ctx = prompt_tokens + new_tokens + 2 * draft_tokens + 2
+    n_ctx = cache_tokens(prompt_tokens, new_tokens, draft_tokens)
     memory = gguf_model.estimate_memory(headers, n_ctx)
     check_memory(memory, memory_budget, "cpu")
-    threads = int(params.get("threads") or os.cpu_count() or 1)
+    threads = thread_count(params)
     load_start = time.perf_counter()
     target = llamacpp.load(files["target"], n_ctx=n_ctx, threads=threads)
     draft = llamacpp.load(files["draft"], n_ctx=n_ctx, threads=threads)
+    file_type = headers["target"]["metadata"].get("general.file_type", "gguf")
     return LoadedPair(
-        tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=fingerprint,
-        eos_ids=tokenizer.eos_ids(), vocab_size=None, device="cpu",
-        dtype=str(headers["target"]["metadata"].get("general.file_type", "gguf")), draft_tokens=draft_tokens,
-        pairing=pairing, memory=memory, context_tokens=n_ctx, load_s=time.perf_counter() - load_start,
-        engine="llama.cpp", extra={"forward": {"target": "llama.cpp", "draft": "llama.cpp"}, "threads": threads},
+        tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
+        eos_ids=tokenizer.eos_ids(), vocab_size=None, device="cpu", dtype=str(file_type), draft_tokens=draft_tokens,
+        pairing=checked["pairing"], memory=memory, context_tokens=n_ctx, load_s=time.perf_counter() - load_start,
+        engine="llama.cpp", extra={"forward": {"target": "llama.cpp", "draft": "llama.cpp"},
+                                   # run --json's: the file type as the header has it (a number)
+                                   "engine_fields": {"engine": "llama.cpp", "engine_version": llamacpp.version(),
+                                                     "threads": threads, "device": "cpu", "dtype": file_type}},
     )
-
-
-def run_gguf(
-    dirs: Mapping[str, Path],
-    params: Mapping,
-    prompt: str,
-    *,
-    max_new_tokens: int,
-    draft_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    raw: bool,
-    memory_budget: int | None,
-    on_text: Callable[[str], None] | None,
-    text_stream: Callable,
-    history=None,
-) -> dict:
-    """run_unpacked for a GGUF pair; the same `run --json` fields, "engine": "llama.cpp"."""
-    from runner.decoding.run_history import with_history
-    from runner.decoding.speculative import generate_speculative
-
-    run_start = time.perf_counter()
-    files = {role: gguf_model.gguf_files(dirs[role])[0] for role in ("target", "draft")}
-    headers = {role: gguf_model.read_header(path) for role, path in files.items()}
-    fingerprint = gguf_model.check_tokenizers(files, headers)
-    pairing = gguf_model.check_pairing(headers, params)
-    tokenizer = GGUFTokenizer(files["target"], headers["target"]["metadata"])
-    prompt_ids = tokenizer.prompt_ids(prompt, raw)
-    n_ctx = len(prompt_ids) + max_new_tokens + 2 * draft_tokens + 2
-    memory = gguf_model.estimate_memory(headers, n_ctx)
-    check_memory(memory, memory_budget, "cpu")
-    threads = int(params.get("threads") or os.cpu_count() or 1)
-    load_start = time.perf_counter()
-    target = llamacpp.load(files["target"], n_ctx=n_ctx, threads=threads)
-    draft = llamacpp.load(files["draft"], n_ctx=n_ctx, threads=threads)
-    generate_start = time.perf_counter()
-    first_token: list[float] = []
-    stream = text_stream(tokenizer, on_text) if on_text else None
-
-    def on_tokens(new: list[int]) -> None:
-        if not first_token:
-            first_token.append(time.perf_counter())
-        if stream:
-            stream(new)
-
-    result = with_history(history, params, temperature, seed, lambda advice: generate_speculative(
-        target, draft, prompt_ids, max_new_tokens, draft_tokens=draft_tokens,
-        adaptive=bool(params.get("adaptive", True)), draft_confidence=float(params.get("draft_confidence", 0.0)),
-        temperature=temperature, top_p=top_p, seed=seed, eos_ids=tokenizer.eos_ids(),
-        min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
-        on_tokens=on_tokens, start_plain=advice,
-    ))
-    end = time.perf_counter()
-    first = first_token[0] if first_token else end
-    return {
-        "tokenizer": {"fingerprint": fingerprint},
-        "text": tokenizer.decode(result.tokens),
-        "tokens": result.tokens,
-        "stats": result.stats.as_dict(),
-        "engine": "llama.cpp",
-        "engine_version": llamacpp.version(),
-        "threads": threads,
-        "device": "cpu",
-        "dtype": headers["target"]["metadata"].get("general.file_type", "gguf"),
-        "prompt_tokens": len(prompt_ids),
-        "pairing": pairing,
-        "memory": memory,
-        "forward": {"target": "llama.cpp", "draft": "llama.cpp"},
-        "timings": {"load_s": generate_start - load_start, "prefill_s": first - generate_start,
-                    "decode_s": end - first, "first_token_s": first - run_start},
-    }

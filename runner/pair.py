@@ -1,17 +1,33 @@
-"""A checked, loaded pair ready to generate, whatever its engine: what `runner.run.load_pair` (torch) and
-`runner.gguf_run.load_gguf_pair` (llama.cpp) return, and what generation, serve and bench take."""
+"""A checked, loaded pair ready to generate, whatever its engine: which engine a bundle's weights take
+(`gguf_dirs`), and what `runner.run.load_pair` returns (torch, or llama.cpp through
+`runner.gguf_run.load_gguf_pair`) and generation, serve and bench take."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from runner.checks.gguf_model import bundle_format
+from runner.decoding.settings import DecodingSettings
 from runner.models import chat_template
+
+
+def gguf_dirs(root: Path, roles: Mapping[str, str]) -> dict[str, Path] | None:
+    """The target and draft directories when the bundle pairs two GGUF files (the llama.cpp engine,
+    runner.gguf_run), else None (safetensors on the torch engine, runner.run). The one place run, serve, bench
+    and the content checks choose by; a pair that mixes the two is refused (exit 6)."""
+    dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
+    if len(dirs) == 2 and all(d.is_dir() for d in dirs.values()) and bundle_format(dirs) == "gguf":
+        return dirs
+    return None
 
 
 def prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
     """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
+    if hasattr(tokenizer, "prompt_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
+        return tokenizer.prompt_ids(prompt, raw)
     if not raw and getattr(tokenizer, "chat_template", None):
         return chat_template.chat_ids(tokenizer, [{"role": "user", "content": prompt}])
     ids = tokenizer(prompt)
@@ -65,10 +81,13 @@ class LoadedPair:
     extra: dict = field(default_factory=dict)
     history: Any = None  # runner.decoding.run_history.RunHistory: whether the draft paid in this bundle's last runs here
 
+    @property
+    def settings(self) -> DecodingSettings:
+        """The decoding loop's settings: the bundle's, with the draft length this pair was loaded for."""
+        return DecodingSettings.from_params(self.params, self.draft_tokens)
+
     def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
         """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""
-        if hasattr(self.tokenizer, "prompt_ids"):  # a GGUF file's own tokenizer (runner.gguf_run)
-            return self.tokenizer.prompt_ids(prompt, raw)
         return prompt_ids(self.tokenizer, prompt, raw)
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -80,9 +99,11 @@ class LoadedPair:
             return chat_template.chat_ids(self.tokenizer, messages)
         return prompt_ids(self.tokenizer, "\n".join(m.get("content", "") for m in messages), raw=True)
 
-    def room(self, prompt_tokens: int, max_new_tokens: int) -> int:
-        """The tokens a generation needs in the caches (a verify pass may look past the end)."""
-        return prompt_tokens + max_new_tokens + 2 * self.draft_tokens + 1
+    def engine_fields(self) -> dict[str, Any]:
+        """`run --json`'s engine, device and dtype (the llama.cpp engine adds its version and threads)."""
+        if "engine_fields" in self.extra:
+            return dict(self.extra["engine_fields"])
+        return {"engine": self.engine, "device": self.device, "dtype": self.dtype}
 
     def forward(self) -> dict[str, str]:
         """Which forward each model runs through."""

@@ -10,19 +10,20 @@ preflight, then the weights; returns a `LoadedPair`) and `generate` (one prompt 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from core.errors import BundleError
-from runner.checks.gguf_model import bundle_format
 from runner.models.lean_tokenizer import load_tokenizer
-from runner.models.loading import ModelFiles, check_weight_files, load_models
+from runner.models.loading import ModelFiles, check_weight_files, load_models, torch_import_bytes
 from runner.checks.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
-from runner.pair import LoadedPair, TextStream, prompt_ids
+from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
 from runner.checks.pairing import check_memory, check_pairing
 from runner.decoding.run_history import with_history
+from runner.decoding.settings import cache_tokens, draft_length
 from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -170,18 +171,19 @@ def load_pair(
     """
     device = resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
-    draft_tokens = int(draft_tokens or params.get("draft_tokens", 5))
-    gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
-    if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
+    draft_tokens = draft_length(params, draft_tokens)
+    ggufs = gguf_dirs(root, roles)
+    if ggufs:
         from runner.gguf_run import load_gguf_pair  # the llama.cpp engine
 
-        return load_gguf_pair(gguf_dirs, params, context=context, draft_tokens=draft_tokens, memory_budget=memory_budget)
+        return load_gguf_pair(ggufs, params, context=context, draft_tokens=draft_tokens, memory_budget=memory_budget)
     ranges = weight_ranges_at(root, weight_ranges)
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = load_tokenizer(checked["tokenizer_dir"])  # transformers' AutoTokenizer where a lean one would differ
     prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
-    max_tokens = prompt_tokens + max_new_tokens + 2 * draft_tokens + 1  # a verify pass may look past the end
+    max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens)
+    torch_later = "torch" not in sys.modules  # a CPU build imports it while the weights are read (resolve_device)
     memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=prompt_tokens,
                              draft_tokens=draft_tokens, ranges=ranges)
     check_memory(memory, memory_budget, device)
@@ -191,6 +193,8 @@ def load_pair(
         dtype, device, compact=True,
     )
     target, draft = runtime_target(target), runtime_draft(draft, checked)
+    if torch_later:  # after the estimate: the predicted peak counts the import as load_models measured it
+        memory["predicted_peak_bytes"] += torch_import_bytes() or 0
     return LoadedPair(
         tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
         eos_ids=eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
@@ -230,21 +234,17 @@ def generate(
             text_stream(new)
         return bool(on_tokens(new)) if on_tokens else False
 
-    params = pair.params
-    result = with_history(pair.history, params, temperature, seed, lambda advice: generate_speculative(
+    settings = pair.settings
+    result = with_history(pair.history, settings.guard, temperature, seed, lambda advice: generate_speculative(
         pair.target,
         pair.draft,
         prompt_ids,
         max_new_tokens,
-        draft_tokens=pair.draft_tokens,
-        adaptive=bool(params.get("adaptive", True)),
-        draft_confidence=float(params.get("draft_confidence", 0.0)),
+        **settings.loop_args(),
         temperature=temperature,
         top_p=top_p,
         seed=seed,
         eos_ids=pair.eos_ids,
-        min_acceptance=float(params.get("min_acceptance", 0.0)),
-        guard=bool(params.get("guard", True)),
         vocab_size=pair.vocab_size,
         on_tokens=stream,
         start_plain=advice,
@@ -295,14 +295,6 @@ def run_unpacked(
     "text", "tokens", "stats", "device", "dtype", "pairing", "memory"}.
     """
     run_start = time.perf_counter()
-    gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
-    if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
-        from runner.gguf_run import run_gguf
-
-        device = resolve_device(device)
-        return run_gguf(gguf_dirs, params, prompt, max_new_tokens=max_new_tokens, draft_tokens=int(draft_tokens or params.get("draft_tokens", 5)),
-                        temperature=temperature, top_p=top_p, seed=seed, raw=raw, memory_budget=memory_budget,
-                        on_text=on_text, text_stream=TextStream, history=history)
     pair = load_pair(
         root, roles, params, context=lambda tokenizer: (len(prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
         draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
@@ -317,9 +309,7 @@ def run_unpacked(
         "text": result["text"],
         "tokens": result["tokens"],
         "stats": result["stats"],
-        "engine": pair.engine,
-        "device": pair.device,
-        "dtype": pair.dtype,
+        **pair.engine_fields(),
         "prompt_tokens": result["prompt_tokens"],
         "pairing": pair.pairing,
         "memory": pair.memory,

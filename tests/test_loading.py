@@ -170,3 +170,31 @@ def test_a_cpu_build_of_torch_is_known_without_importing_it(monkeypatch, tmp_pat
     if not has:
         assert run.resolve_device(None) == "cpu"
     assert run.resolve_device("cpu") == "cpu"
+
+
+def _in_a_fresh_process(code: str) -> float:
+    """What `code` prints, run by a new Python without torch imported (this repository on its path)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300,
+                         cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    return float(out.stdout.split()[-1])
+
+
+def test_what_importing_torch_adds_is_measured_beside_the_read_without_the_weights(tmp_path: Path) -> None:
+    """A CPU build imports torch while the weights are read (the predicted peak counts it, runner.run.load_pair):
+    the measure is what importing torch alone adds, the bytes read meanwhile (here about 100 MB) taken off."""
+    from runner.checks.modelinfo import rss_bytes
+
+    if not rss_bytes():
+        pytest.skip("no /proc/self/statm here")
+    directory = _save(tiny_llama(320, hidden=1024, layers=3, heads=8, kv_heads=2), tmp_path / "m")
+    measured = _in_a_fresh_process(
+        "from pathlib import Path\nfrom runner.models import loading\n"
+        f"loading.load_models([loading.ModelFiles(Path({str(directory)!r}), 'target')], 'float32', 'cpu', compact=True)\n"
+        "print(loading.torch_import_bytes())")
+    alone = _in_a_fresh_process(
+        "from runner.checks.modelinfo import rss_bytes\nbefore = rss_bytes()\nimport torch\nprint(rss_bytes() - before)")
+    assert abs(measured - alone) < 0.25 * alone, (measured, alone)

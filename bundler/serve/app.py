@@ -95,7 +95,7 @@ class Engine:
             "tokenizer_fingerprint": pair.fingerprint, "engine": getattr(pair, "engine", "torch"), "dtype": pair.dtype,
         }
         self.metrics = Metrics(self.info)
-        self.min_acceptance = float(pair.params.get("min_acceptance", 0.0) or 0.0)
+        self.min_acceptance = pair.settings.min_acceptance
         self.window: collections.deque[tuple[int, int, bool]] = collections.deque(maxlen=HEALTH_WINDOW)
         self.positions: list[list[int]] = [[], []]  # drafted, accepted per position, summed
         self.busy = False

@@ -39,15 +39,11 @@ class BatchWorker:
         else:  # the memory preflight, for the batch's caches beside the loaded pair's own
             check_memory({**memory, "kv_cache_bytes": kv * (1 + sequences), "total_bytes": int(memory["total_bytes"]) + kv * sequences,
                           "max_tokens": f"{sequences} x {pair.context_tokens}"}, memory_budget, "cpu")
-        params = pair.params
         self.engine = engine
         try:
             self.generator = BatchedGenerator(
                 pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens,
-                draft_tokens=pair.draft_tokens, adaptive=bool(params.get("adaptive", True)),
-                draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=pair.eos_ids,
-                min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
-                vocab_size=pair.vocab_size,
+                **pair.settings.loop_args(), eos_ids=pair.eos_ids, vocab_size=pair.vocab_size,
             )
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
             raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
@@ -106,7 +102,7 @@ class BatchWorker:
         engine = self.engine
         engine.metrics.queue_wait.observe(time.perf_counter() - job.enqueued)
         seeded = job.seed is not None and job.temperature > 0.0
-        advice = self.history.advice(seeded) if engine.pair.params.get("guard", True) else None
+        advice = self.history.advice(seeded) if engine.pair.settings.guard else None
         stream = JobStream(job, engine.pair.tokenizer, engine.metrics)
         s = self.generator.add(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
                                seed=job.seed, on_tokens=stream.on_tokens, start_plain=advice)

@@ -53,20 +53,18 @@ def _scans(root: Path, kitfile: Kitfile) -> dict[str, LayerScan]:
 def check_content(root: Path, kitfile: Kitfile) -> ContentReport:
     """Every check verify and run make on content without a signature or the machine: raises the BundleError
     (with the code) that verify or run would raise for it; returns what they found."""
-    from runner.checks.gguf_model import bundle_format
+    from runner.pair import gguf_dirs  # torch-free
 
     check_layer_roles(SimpleNamespace(layers=[(spec, None) for spec in kitfile.layers]), _scans(root, kitfile))  # type: ignore[arg-type]
     check_roles(Path(root), kitfile.role_paths())  # a downloaded model directory is untrusted: bounded before it is read
     roles = kitfile.role_paths()
     params = runner_params(kitfile.parameters)
-    models = {role: Path(root) / roles[role] for role in ("target", "draft")}
-    if bundle_format(models) == "gguf":  # the checks runner.gguf_run makes before loading
+    ggufs = gguf_dirs(Path(root), roles)
+    if ggufs:  # the checks runner.gguf_run makes before loading
         from runner.checks import gguf_model
 
-        files = {role: gguf_model.gguf_files(d)[0] for role, d in models.items()}
-        headers = {role: gguf_model.read_header(path) for role, path in files.items()}
-        fingerprint = gguf_model.check_tokenizers(files, headers)
-        return ContentReport("gguf", fingerprint, gguf_model.check_pairing(headers, params))
+        checked = gguf_model.preflight(ggufs, params)
+        return ContentReport("gguf", checked["fingerprint"], checked["pairing"])
     from runner.run import preflight
 
     checked = preflight(Path(root), roles, params)

@@ -11,7 +11,6 @@ transformers' assisted generation does not run GGUF files.
 from __future__ import annotations
 
 import ctypes
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,10 +24,10 @@ import torch
 from runner.checks import gguf_model
 from runner.bench.runs import Run, interleaved_rounds, pooled, speculation_figures, timed
 from runner.engines import llamacpp
-from runner.gguf_run import GGUFTokenizer
+from runner.gguf_run import load_gguf_pair
 from runner.bench.machine import machine_info
-from runner.checks.pairing import check_memory
 from runner.decoding.run_history import with_history
+from runner.decoding.settings import draft_length
 from runner.decoding.speculative import generate_plain, generate_speculative
 
 # Two computations of the same logits round differently in llama.cpp: a batch of several tokens (a verify
@@ -166,34 +165,23 @@ def bench_gguf(
     then every method on the same prompts, prompt by prompt, the order rotating; `repeat` rounds, the
     speed-ups the medians of the rounds' (`rounds`), identity and per-prompt figures from the first."""
     say = progress or (lambda _msg: None)
-    k = int(draft_tokens or params.get("draft_tokens", 5))
-    files = {role: gguf_model.gguf_files(dirs[role])[0] for role in ("target", "draft")}
-    headers = {role: gguf_model.read_header(path) for role, path in files.items()}
-    fingerprint = gguf_model.check_tokenizers(files, headers)
-    pairing = gguf_model.check_pairing(headers, params)
-    tokenizer = GGUFTokenizer(files["target"], headers["target"]["metadata"])
-    ids = [tokenizer.prompt_ids(p, raw=False) for p in prompts]
-    eos = tokenizer.eos_ids()
-    n_ctx = max(len(x) for x in ids) + max_new_tokens + 2 * k + 2
-    memory = gguf_model.estimate_memory(headers, n_ctx)
-    check_memory(memory, memory_budget, "cpu")
-    threads = int(params.get("threads") or os.cpu_count() or 1)
-    target = llamacpp.load(files["target"], n_ctx=n_ctx, threads=threads)
-    draft = llamacpp.load(files["draft"], n_ctx=n_ctx, threads=threads)
+    pair = load_gguf_pair(dirs, params, context=lambda tokenizer: (max(len(tokenizer.prompt_ids(p, raw=False)) for p in prompts),
+                                                                   max_new_tokens),
+                          draft_tokens=draft_length(params, draft_tokens), memory_budget=memory_budget)
+    target, draft, settings, k, eos = pair.target, pair.draft, pair.settings, pair.draft_tokens, pair.eos_ids
+    ids = [pair.prompt_ids(p) for p in prompts]
+    threads, n_ctx = target.threads, pair.context_tokens
 
     # llama-cpp-python's own: the same file, threads and batch sizes, its own context
-    theirs = llamacpp.open_llama(files["target"], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
+    theirs = llamacpp.open_llama(gguf_model.gguf_files(dirs["target"])[0], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
                                  n_threads=threads, n_threads_batch=threads, logits_all=False)
 
     def plain(engine) -> Callable[[list[int]], tuple[list[int], Any]]:
         return lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(engine, x, max_new_tokens, eos_ids=eos))
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
-        r = with_history(history, params, 0.0, None, lambda advice: generate_speculative(
-            target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
-            draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos,
-            min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
-            start_plain=advice))
+        r = with_history(history, settings.guard, 0.0, None, lambda advice: generate_speculative(
+            target, draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, start_plain=advice))
         return r.tokens, r.stats
 
     methods = {"target_only": plain(target), "llama_cpp_python": _their_generate(theirs, eos, max_new_tokens), "bundle": ours}
@@ -242,9 +230,9 @@ def bench_gguf(
         "prompts": len(ids),
         "max_new_tokens": max_new_tokens,
         "draft_tokens": k,
-        "tokenizer": {"fingerprint": fingerprint},
-        "pairing": pairing,
-        "dtype": str(headers["target"]["metadata"].get("general.file_type", "gguf")),
+        "tokenizer": {"fingerprint": pair.fingerprint},
+        "pairing": pair.pairing,
+        "dtype": pair.dtype,
         "device": "cpu",
         "threads": threads,
         "engine": "llama.cpp",

@@ -11,13 +11,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from runner.checks.gguf_model import bundle_format
 from runner.models.loading import load_model
 from runner.bench.runs import Run, interleaved_rounds, pooled, speculation_figures, timed
 from runner.checks.modelinfo import FileRange
-from runner.pair import prompt_ids
+from runner.pair import gguf_dirs, prompt_ids
 from runner.run import eos_ids, preflight, resolve_device, runtime_draft, runtime_target, verified_digests, weight_ranges_at
 from runner.decoding.run_history import with_history
+from runner.decoding.settings import DecodingSettings
 from runner.bench.machine import machine_info
 from runner.engines.torch_engine import model_logits, new_cache
 from runner.decoding.speculative import generate_plain, generate_speculative
@@ -162,16 +162,17 @@ def bench_unpacked(
     and acceptance are over all rounds, and identity, fallbacks and per-prompt figures are the first round's."""
     from transformers import AutoTokenizer
 
-    gguf_dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
-    if len(gguf_dirs) == 2 and all(d.is_dir() for d in gguf_dirs.values()) and bundle_format(gguf_dirs) == "gguf":
+    ggufs = gguf_dirs(root, roles)
+    if ggufs:
         from runner.bench.gguf_bench import bench_gguf  # the llama.cpp engine, against llama-cpp-python's own generation
 
-        return bench_gguf(gguf_dirs, params, prompts, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+        return bench_gguf(ggufs, params, prompts, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
                           repeat=repeat, progress=progress, history=history)
     say = progress or (lambda _msg: None)
     device = resolve_device(device)
     dtype = str(params.get("dtype") or "float32")
-    k = int(draft_tokens or params.get("draft_tokens", 5))
+    settings = DecodingSettings.from_params(params, draft_tokens)
+    k = settings.draft_tokens
     ranges = weight_ranges_at(root, weight_ranges)
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
@@ -189,11 +190,8 @@ def bench_unpacked(
     plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
-        r = with_history(history, params, 0.0, None, lambda advice: generate_speculative(
-            fast_target, draft, x, max_new_tokens, draft_tokens=k, adaptive=bool(params.get("adaptive", True)),
-            draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=eos,
-            min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
-            vocab_size=vocab, start_plain=advice))
+        r = with_history(history, settings.guard, 0.0, None, lambda advice: generate_speculative(
+            fast_target, draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, vocab_size=vocab, start_plain=advice))
         return r.tokens, r.stats
 
     others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}

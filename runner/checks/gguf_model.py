@@ -390,6 +390,17 @@ def check_pairing(headers: Mapping[str, Mapping], params: Mapping) -> dict:
             "draft_parameters": counts["draft"], "size_ratio": ratio}
 
 
+def preflight(dirs: Mapping[str, Path], params: Mapping) -> dict:
+    """The checks of a GGUF pair before any weights load (what runner.run.preflight is for safetensors): one
+    file per role, the tokenizer gate, pairing. Returns {"files", "headers", "fingerprint", "pairing"};
+    raises BundleError on the first failure."""
+    files = {role: gguf_files(dirs[role])[0] for role in ("target", "draft")}
+    headers = {role: read_header(path) for role, path in files.items()}
+    # the tokenizer gate before pairing, as for safetensors
+    return {"files": files, "headers": headers, "fingerprint": check_tokenizers(files, headers),
+            "pairing": check_pairing(headers, params)}
+
+
 def _count(metadata: Mapping, key: str, default: int) -> int:
     """A size from the metadata (a layer or head count): a non-negative integer, else the file is refused."""
     value = metadata.get(key, default)

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import struct
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,12 +247,6 @@ def _loader_bytes(model_dir: Path, element_bytes: int, ranges: Ranges | None = N
     return extra
 
 
-# What importing torch adds to a `bundle run` process (torch 2.13, CPU build, this machine: 193 MiB). On a CPU
-# build, `bundle run` imports torch while the weights are read (runner.run.resolve_device), after this
-# estimate is made, so the prediction adds it.
-TORCH_IMPORT_BYTES = 195 << 20
-
-
 def check_dtype(dtype: str) -> str:
     """`dtype` if it is a run dtype (DTYPE_BYTES), else a usage error (exit 2)."""
     if dtype not in DTYPE_BYTES:
@@ -280,7 +273,8 @@ def estimate_memory(
     only: both models' weights (the larger of what the headers hold and what the config implies: a config
     that would allocate more than its files hold is sized by the config), KV caches, activations, and the
     loader's own overhead. `total_bytes` is what the run adds; `predicted_peak_bytes` adds this process's
-    resident memory now (what `bundle run` peaks at). `ranges`: weight files left in layer blobs.
+    resident memory now (what `bundle run` peaks at; runner.run.load_pair adds torch's import when it comes
+    later, during the read, as measured there). `ranges`: weight files left in layer blobs.
     """
     element = DTYPE_BYTES[check_dtype(dtype)]
     prompt_tokens = max_tokens if prompt_tokens is None else prompt_tokens
@@ -301,7 +295,7 @@ def estimate_memory(
         "activation_bytes": activations,
         "loader_bytes": loader,
         "total_bytes": total,
-        "baseline_bytes": (baseline := rss_bytes() + (0 if "torch" in sys.modules else TORCH_IMPORT_BYTES)),
+        "baseline_bytes": (baseline := rss_bytes()),
         "predicted_peak_bytes": total + baseline,
         "target_parameters": params["target"],
         "draft_parameters": params["draft"],

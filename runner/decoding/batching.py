@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from runner.engines.llamacpp import N_BATCH, LlamaCppEngine
+from runner.decoding.settings import cache_tokens
 from runner.decoding.stats import Stats
 from runner.decoding.speculative import Guard, Sampler, adapt_draft_length, finish_tokens, parameter_costs, verify_sampled
 
@@ -183,7 +184,7 @@ class BatchedGenerator:
         """A generation joins at the next step (its prompt is prefilled in chunks among the others' tokens)."""
         if not prompt_ids:
             raise ValueError("the prompt has no tokens")
-        room = len(prompt_ids) + max_new_tokens + 2 * self.draft_tokens + 1
+        room = cache_tokens(len(prompt_ids), max_new_tokens, self.draft_tokens)
         if room > self.target.n_ctx_seq:
             raise ValueError(f"{room} tokens exceed a sequence's context ({self.target.n_ctx_seq})")
         seq = self.slots.index(None)  # ValueError when full: the caller checks free() first

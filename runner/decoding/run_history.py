@@ -75,12 +75,12 @@ class RunHistory:
             self.save(self.counts())
 
 
-def with_history(history: RunHistory | None, params: Mapping[str, Any], temperature: float, seed: int | None,
+def with_history(history: RunHistory | None, guard: bool, temperature: float, seed: int | None,
                  run: Callable[[str | None], Any]) -> Any:
     """One run under the history: `run(start_plain)` gets the advice (None: speculate as usual; always None
     without a history or without the guard) and returns a GenerationResult, whose stats are then recorded."""
     seeded = seed is not None and temperature > 0.0
-    if history is None or not params.get("guard", True):
+    if history is None or not guard:
         return run(None)
     advice = history.advice(seeded)
     result = run(advice)

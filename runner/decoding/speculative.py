@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from runner.engines import Engine, as_engine
+from runner.decoding.settings import cache_tokens
 from runner.decoding.stats import Stats, best_predicted_speedup
 
 WARMUP_ITERATIONS = 6  # speculative iterations before the guard judges
@@ -408,7 +409,7 @@ def generate_speculative(
     if judge and start_plain:
         judge.start_plain(start_plain)
     start = time.perf_counter()
-    room = len(ids) + max_new_tokens + max_k + 1
+    room = cache_tokens(len(ids), max_new_tokens, draft_tokens)
     target.reset(room)
     draft.reset(room)
     last = _prefill(target, ids, stats)

@@ -31,17 +31,24 @@ import json
 import mmap
 import os
 import struct
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import BundleError
-from runner.checks.modelinfo import FileRange, Ranges, check_dtype, config_from_dict, read_raw_config, safetensors_files, validate_config
+from runner.checks.modelinfo import (FileRange, Ranges, check_dtype, config_from_dict, read_raw_config, rss_bytes, safetensors_files,
+                                     validate_config)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 INDEX_FILE = "model.safetensors.index.json"
 LOADS = 0  # calls to load_model in this process
+# Bytes per read call: while torch is imported beside the reads, what the reading threads have put in their
+# buffers is known to within this per thread (see `_import_torch`).
+READ_CHUNK = 4 << 20
+_torch_import_bytes: int | None = None  # what importing torch added to this process, once load_models measured it
 # safetensors dtype names -> torch dtype names (the formats transformers checkpoints use)
 TORCH_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
@@ -89,6 +96,35 @@ def torch_dtype(dtype: str):
     return getattr(torch, check_dtype(dtype))
 
 
+class ReadBytes:
+    """Bytes the reading threads have put in their buffers so far."""
+
+    def __init__(self) -> None:
+        self.total, self._lock = 0, threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.total += n
+
+
+def torch_import_bytes() -> int | None:
+    """What importing torch added to this process's resident memory, as `load_models` measured it when it
+    imported torch; None when torch came in elsewhere (or not yet)."""
+    return _torch_import_bytes
+
+
+def _import_torch(dtype: str, read: ReadBytes):
+    """torch_dtype(dtype). When that imports torch, what the import added to the resident memory is measured:
+    what the memory grew by, less what the reading threads put in their buffers meanwhile."""
+    global _torch_import_bytes
+    if "torch" in sys.modules:
+        return torch_dtype(dtype)
+    before, read_before = rss_bytes(), read.total
+    dt = torch_dtype(dtype)
+    _torch_import_bytes = max(0, rss_bytes() - before - (read.total - read_before))
+    return dt
+
+
 def _buffer(size: int) -> mmap.mmap | bytearray:
     """A writable buffer of `size` bytes: private anonymous memory, its pages mapped as the read fills them.
     Not MAP_POPULATE: measured here (2-core AMD EPYC, transparent huge pages on), populating the two 1 GiB
@@ -100,16 +136,19 @@ def _buffer(size: int) -> mmap.mmap | bytearray:
     return bytearray(size)
 
 
-def _read_once(path: Path, where: FileRange, want: str | None) -> mmap.mmap | bytearray:
-    """The file's bytes in one buffer, read once from `where`; hashed against `want` (sha256 hex) when given."""
+def _read_once(path: Path, where: FileRange, want: str | None, read: ReadBytes | None = None) -> mmap.mmap | bytearray:
+    """The file's bytes in one buffer, read once from `where`; hashed against `want` (sha256 hex) when given.
+    `read` counts the bytes as they come."""
     buf = _buffer(where.length)
     view, done = memoryview(buf), 0
     with open(where.path, "rb", buffering=0) as f:
-        while done < where.length:  # preadv may return less than asked (at most ~2 GiB per call on Linux)
-            n = os.preadv(f.fileno(), [view[done:]], where.offset + done)
+        while done < where.length:  # preadv may return less than asked
+            n = os.preadv(f.fileno(), [view[done : done + READ_CHUNK]], where.offset + done)
             if not n:
                 raise BundleError("digest-mismatch", f"{_shown(path, where)} changed after verification: shorter than it was")
             done += n
+            if read is not None:
+                read.add(n)
     view.release()  # an mmap with a view still exported could not be closed when its tensors go
     if want is not None:
         got = hashlib.sha256(buf).hexdigest()
@@ -220,9 +259,10 @@ def load_models(models: Sequence[ModelFiles], dtype: str, device: str, compact: 
     # largest first: the threads then finish together
     order = sorted(range(len(reads)), key=lambda i: -reads[i][1].length)
     workers = max(1, min(len(reads), os.cpu_count() or 1))
+    read = ReadBytes()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending = {i: pool.submit(_read_once, *reads[i]) for i in order}
-        dt = torch_dtype(dtype)  # the first torch import of a `bundle run` on a CPU build: while the files are read
+        pending = {i: pool.submit(_read_once, *reads[i], read) for i in order}
+        dt = _import_torch(dtype, read)  # the first torch import of a `bundle run` on a CPU build: while the files are read
         for model in models:  # while the files are read and hashed (no GIL held there)
             _import_classes(model.model_dir, compact)
         done = {i: future.result() for i, future in pending.items()}
