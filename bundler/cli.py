@@ -687,7 +687,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
 @command
 def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
     """Push the store entry REF and its signatures, to DST (HOST[:PORT]/NAME:TAG) or to REF itself; the last line is the manifest digest."""
-    from bundler.registry.client import push as do_push
+    from bundler.registry.push import push as do_push
 
     for tick in _progress():
         result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick, dest=parse_ref(dst) if dst else None,
@@ -706,7 +706,7 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
     from bundler.trust.recordlimits import MAX_RECORDS
-    from bundler.registry.client import pull as do_pull
+    from bundler.registry.pull import pull as do_pull
 
     trusted = _trusted(key_paths)
     for tick in _progress():
