@@ -4,7 +4,7 @@
 # Writes benchmarks/results/bench-demo.json and bench-untrained.json.
 #   bash benchmarks/decode.sh [bench options, default: --prompts benchmarks/prompts-quick.jsonl --max-new-tokens 256]
 # The demo bundle runs 3 rounds (speed-ups: medians of the rounds), the untrained one 1 (REPEAT=n, UNTRAINED_REPEAT=n).
-# (prompts-quick.jsonl: 4 chat and 4 code prompts of the 24 held-out ones in prompts.jsonl)
+# (prompts-quick.jsonl: 4 chat and 4 code prompts of the 24 held-out ones in runner/bench/prompts.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=.venv/bin/bundle

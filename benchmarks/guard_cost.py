@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     target_file, draft_file = (next((CONTEXT / role).glob("*.gguf")) for role in ("target", "draft"))
     tokenizer = GGUFTokenizer(target_file, gguf_model.read_header(target_file)["metadata"])
-    prompts = [json.loads(line)["prompt"] for line in (ROOT / "benchmarks" / "prompts.jsonl").read_text().splitlines()]
+    prompts = [json.loads(line)["prompt"] for line in (ROOT / "runner" / "bench" / "prompts.jsonl").read_text().splitlines()]
     ids = [tokenizer.prompt_ids(p, raw=False) for p in prompts[: args.prompts]]
     eos, n_ctx = tokenizer.eos_ids(), max(map(len, ids)) + args.max_new_tokens + 20
     target, draft = llamacpp.load(target_file, n_ctx=n_ctx, threads=2), llamacpp.load(draft_file, n_ctx=n_ctx, threads=2)

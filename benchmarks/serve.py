@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--ref", default="smollm2-spec:1.0.0")
     ap.add_argument("--store", default="demo/work/store")
     ap.add_argument("--key", default="demo/work/keys/bundle.pub")
-    ap.add_argument("--prompts", default="benchmarks/prompts.jsonl")
+    ap.add_argument("--prompts", default="runner/bench/prompts.jsonl")
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)

@@ -5,7 +5,7 @@
   `--build`; the sdist is fetched with pip, built with the engine's flags, and cached in
   ~/.cache/specbundle/llama-server, outside the repository);
 - both are driven by the same client: streamed `/v1/chat/completions` over held-out prompts
-  (benchmarks/prompts.jsonl), greedy, a fresh connection per request, at 1, 4 and 8 concurrent clients;
+  (runner/bench/prompts.jsonl), greedy, a fresh connection per request, at 1, 4 and 8 concurrent clients;
 - per configuration: aggregate tokens/s (all completion tokens over the wall time), time to first token
   p50/p99, inter-token latency p50/p99 (the gaps between streamed pieces of text, over the tokens in them);
 - four servers: `bundle serve` with its draft (the bundle as shipped), `bundle serve --no-draft` (its own
@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--ref", default="smollm2-spec-gguf:1.0.0")
     ap.add_argument("--store", default="demo/work/store")
     ap.add_argument("--key", default="demo/work/keys/bundle.pub")
-    ap.add_argument("--prompts", default=str(ROOT / "benchmarks" / "prompts.jsonl"))
+    ap.add_argument("--prompts", default=str(ROOT / "runner" / "bench" / "prompts.jsonl"))
     ap.add_argument("--clients", default="1,4,8")
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)

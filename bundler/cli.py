@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import json
 import os
 import re
@@ -540,23 +541,27 @@ def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key
             click.echo(f"run record {result['attestation']['digest']} signed by {result['attestation']['key_id'][:16]}…", err=True)
 
 
-def _read_prompts(path: str) -> list[str]:
+def _read_prompts(path: str | None) -> list[str]:
+    """The prompts of a JSON lines file; without one, the held-out prompts shipped in the package (found from
+    any directory)."""
+    source = Path(path) if path else importlib.resources.files("runner.bench") / "prompts.jsonl"
     prompts = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             prompts.append(str(json.loads(line)["prompt"]))
         except (ValueError, KeyError, TypeError):
-            raise BundleError("usage", f"{path}:{n}: expected a JSON line {{\"prompt\": ...}}") from None
+            raise BundleError("usage", f"{source}:{n}: expected a JSON line {{\"prompt\": ...}}") from None
     if not prompts:
-        raise BundleError("usage", f"{path} holds no prompts")
+        raise BundleError("usage", f"{source} holds no prompts")
     return prompts
 
 
 @main.command()
 @click.argument("ref")
-@click.option("--prompts", "prompts_file", default="benchmarks/prompts.jsonl", show_default=True, type=click.Path(exists=True, dir_okay=False), help="JSON lines {\"prompt\": ...}.")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
+              help="JSON lines {\"prompt\": ...}.  [default: the held-out prompts shipped with specbundle, runner/bench/prompts.jsonl]")
 @click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Default: the bundle's.")
@@ -565,7 +570,7 @@ def _read_prompts(path: str) -> list[str]:
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @command
-def bench(store: Store, ref: str, prompts_file: str, limit: int | None, key_paths: tuple[str, ...], as_json: bool, **options: Any) -> None:
+def bench(store: Store, ref: str, prompts_file: str | None, limit: int | None, key_paths: tuple[str, ...], as_json: bool, **options: Any) -> None:
     """Target alone, transformers' assisted generation and `bundle run`: same pair, same prompts, one process.
 
     A GGUF bundle: our plain decoding, llama-cpp-python's own generation of the target file and `bundle run`."""
@@ -687,7 +692,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
 @command
 def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
     """Push the store entry REF and its signatures, to DST (HOST[:PORT]/NAME:TAG) or to REF itself; the last line is the manifest digest."""
-    from bundler.registry.client import push as do_push
+    from bundler.registry.push import push as do_push
 
     for tick in _progress():
         result = do_push(store, parse_ref(ref), plain_http=plain_http, progress=tick, dest=parse_ref(dst) if dst else None,
@@ -706,7 +711,7 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
     from bundler.trust.recordlimits import MAX_RECORDS
-    from bundler.registry.client import pull as do_pull
+    from bundler.registry.pull import pull as do_pull
 
     trusted = _trusted(key_paths)
     for tick in _progress():

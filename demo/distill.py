@@ -12,12 +12,12 @@ as `gen` writes them.
 
 Data (demo/work/data/, one safetensors shard per batch):
 - chat-NNNNN: the target's own greedy answers (bf16, chat template, up to 256 new tokens) to varied
-  prompts from demo/training_prompts.py (none of them in benchmarks/prompts.jsonl), with the target's
+  prompts from demo/training_prompts.py (none of them in runner/bench/prompts.jsonl), with the target's
   top-K logits at every answer position, so the draft trains several passes against soft targets;
 - text-NNNNN: chunks of local text (Python standard-library source, /usr/share/doc, man pages) with the
   target's top-K logits from one prefill pass.
 Held-out set (demo/work/heldout.safetensors): the target's greedy bf16 continuation of each prompt in
-benchmarks/prompts.jsonl. Greedy acceptance = how often the draft's argmax equals the target's next
+runner/bench/prompts.jsonl. Greedy acceptance = how often the draft's argmax equals the target's next
 token along that continuation; the log (demo/work/distill_log.jsonl) records it with the training
 wall-clock time, plus the accepted tokens per target pass a k-token speculative loop would get.
 """
@@ -50,7 +50,7 @@ DATA_DIR = WORK / "data"
 CKPT_DIR = WORK / "ckpt"
 HELDOUT = WORK / "heldout.safetensors"
 LOG = WORK / "distill_log.jsonl"
-HELD_OUT_PROMPTS = ROOT / "benchmarks" / "prompts.jsonl"
+HELD_OUT_PROMPTS = ROOT / "runner" / "bench" / "prompts.jsonl"
 TOP_K = 32
 MAX_NEW = 256
 TEXT_CHUNK = 256

@@ -43,7 +43,7 @@ DRAFT_DIR = DEMO / "draft"
 OUT = WORK / "gguf" / "draft" / "draft.gguf"
 RECORD = WORK / "gguf" / "draft.json"
 TARGET_GGUF = CACHE / GGUF_NAME  # where convert_target.py leaves it
-CHECK_PROMPTS = ROOT / "benchmarks" / "prompts.jsonl"
+CHECK_PROMPTS = ROOT / "runner" / "bench" / "prompts.jsonl"
 CHECK_TOKENS = 48
 FORMAT = 1  # bump when the written bytes change for the same inputs: a rerun then writes the file again
 
@@ -230,7 +230,7 @@ def greedy_pairs(model_dir: Path, gguf_path: Path, prompts: list[list[int]], new
 
 
 def check_prompt_ids(gguf_path: Path, count: int = 4) -> list[list[int]]:
-    """The first `count` held-out prompts (benchmarks/prompts.jsonl) through the file's own chat template."""
+    """The first `count` held-out prompts (runner/bench/prompts.jsonl) through the file's own chat template."""
     sys.path.insert(0, str(ROOT))
     from runner.checks.gguf_model import read_header
     from runner.gguf_run import GGUFTokenizer

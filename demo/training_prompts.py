@@ -1,6 +1,6 @@
 """Varied training prompts for distillation: templates x topics, plus questions about real code snippets
 from the Python standard library. Deterministic for a given seed; never yields a held-out prompt
-(benchmarks/prompts.jsonl), compared case- and space-insensitively.
+(runner/bench/prompts.jsonl), compared case- and space-insensitively.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HELD_OUT = ROOT / "benchmarks" / "prompts.jsonl"
+HELD_OUT = ROOT / "runner" / "bench" / "prompts.jsonl"
 
 TOPICS = [
     "black holes", "the water cycle", "compound interest", "machine learning", "the immune system",

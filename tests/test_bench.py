@@ -43,6 +43,17 @@ def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Pa
     assert out["fastest_plain"] in ("target_only_float32", "target_only_bfloat16", "runner_plain")
 
 
+def test_bench_reads_the_packaged_default_prompts_from_any_directory(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
+    make_pair(tmp_path / "ctx")
+    store = str(tmp_path / "store")
+    run_bundle("pack", str(tmp_path / "ctx"), "-t", "tiny-spec:1", "--key", str(keypair[0]), "--store", store, check=True)
+    elsewhere = tmp_path / "elsewhere"  # no benchmarks/ here: the default comes with the package
+    elsewhere.mkdir()
+    result = run_bundle("bench", "tiny-spec:1", "--limit", "1", "--max-new-tokens", "4", "--key", str(keypair[1]),
+                        "--store", store, "--json", cwd=elsewhere, check=True)
+    assert json.loads(result.out)["prompts"] == 1
+
+
 def test_bench_refuses_a_prompts_file_that_is_not_json_lines(tmp_path: Path) -> None:
     bad = tmp_path / "p.jsonl"
     bad.write_text("not json\n")

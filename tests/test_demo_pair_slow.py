@@ -38,7 +38,7 @@ def test_greedy_fp32_speculative_equals_the_target_alone_on_the_demo_pair(pair, 
     tokenizer, target, draft = pair
     if with_vocab:
         draft = SubsetHeadDraft(draft, json.loads((ROOT / "demo/draft/draft_vocab.json").read_text())["ids"])
-    prompts = [json.loads(line)["prompt"] for line in (ROOT / "benchmarks/prompts.jsonl").read_text().splitlines()[:3]]
+    prompts = [json.loads(line)["prompt"] for line in (ROOT / "runner/bench/prompts.jsonl").read_text().splitlines()[:3]]
     for prompt in prompts:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)

@@ -230,7 +230,8 @@ def _no_creds(tmp_path: Path) -> dict[str, str]:
 
 def _attach_all(store: Path, ref: str, host: str) -> None:
     """An attacker with push rights attaches every record of `store` to the bundle in the registry, past push's limits."""
-    from bundler.registry import client as transport
+    from bundler.registry import pull as pulling, push as pushing
+    from bundler.registry.client import client_for
     from bundler.store.modelkit import load_modelkit
     from bundler.store.refs import parse_ref
     from bundler.trust.runrecord import find_records
@@ -238,16 +239,16 @@ def _attach_all(store: Path, ref: str, host: str) -> None:
 
     s, parsed = Store(store), parse_ref(ref)
     digest = load_modelkit(s, parsed).digest
-    client = transport._client(parsed, plain_http=True)
-    uploader = transport._Uploader(client, s, None)
+    client = client_for(parsed, plain_http=True)
+    uploader = pushing._Uploader(client, s, None)
     records = []
     for desc in find_records(s, digest):
         _, manifest = s.read_json_blob(desc)
-        blobs = [transport._descriptor(x, "record") for x in [manifest["config"], *manifest["layers"]]]
+        blobs = [pulling._descriptor(x, "record") for x in [manifest["config"], *manifest["layers"]]]
         for blob in blobs:
             uploader.upload(blob, "record blob")
         records.append((desc, s.read_json_blob(desc)[0], blobs))
-    transport.push_records(client, digest, records)
+    pushing.push_records(client, digest, records)
 
 
 def test_pull_keeps_a_bounded_number_of_records_trusted_first(registry, tmp_path: Path, keypair, other_keypair) -> None:

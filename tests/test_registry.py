@@ -16,7 +16,7 @@ from conftest import run_bundle, tree_digest
 from registry_server import Registry, auth_registry, free_port, registry  # noqa: F401  (fixtures)
 
 from bundler.trust import keys
-from bundler.registry import client as transport
+from bundler.registry import pull as pulling, push as pushing
 from bundler.store.refs import parse_ref
 from bundler.store.layout import Store
 
@@ -121,7 +121,7 @@ def test_interrupted_pull_resumes_and_verifies(registry: Registry, tmp_path: Pat
     monkeypatch.delenv("BUNDLE_REGISTRY_USER", raising=False)
     ref = parse_ref(f"{registry.host}/resume/big-spec:v1")
     digest = _pack(_big_tree(tmp_path / "ctx", 3), tmp_path / "s1", str(ref), keypair[0])
-    transport.push(Store(tmp_path / "s1"), ref, plain_http=True)
+    pushing.push(Store(tmp_path / "s1"), ref, plain_http=True)
     total = sum(p.stat().st_size for p in (tmp_path / "s1" / "blobs" / "sha256").iterdir()) - (tmp_path / "s1" / "blobs" / "sha256" / digest[7:]).stat().st_size
     (tmp_path / "no-keys").mkdir()
     trusted = keys.trusted_keys([keypair[1]], tmp_path / "no-keys")
@@ -137,9 +137,9 @@ def test_interrupted_pull_resumes_and_verifies(registry: Registry, tmp_path: Pat
 
     store = Store(tmp_path / "s2")
     with pytest.raises(Killed):
-        transport.pull(store, ref, trusted=trusted, plain_http=True, progress=die_halfway)
+        pulling.pull(store, ref, trusted=trusted, plain_http=True, progress=die_halfway)
     assert store.entries() == []
-    result = transport.pull(store, ref, trusted=trusted, plain_http=True)
+    result = pulling.pull(store, ref, trusted=trusted, plain_http=True)
     assert result.digest == digest and result.signer
     # the second run fetched only what the first did not finish: the big layer from 2 MiB on (a Range request)
     # (manifest bytes are not blobs here, so `total` counts config, layers and signature blobs)
@@ -150,7 +150,7 @@ def test_interrupted_pull_resumes_and_verifies(registry: Registry, tmp_path: Pat
 
 def test_large_blobs_go_up_in_chunks_and_a_broken_upload_resumes(registry: Registry, tmp_path: Path, keypair, monkeypatch) -> None:
     monkeypatch.delenv("BUNDLE_REGISTRY_USER", raising=False)
-    monkeypatch.setattr(transport, "CHUNK", 1 << 20)
+    monkeypatch.setattr(pushing, "CHUNK", 1 << 20)
     ref = parse_ref(f"{registry.host}/chunks/big-spec:v1")
     _pack(_big_tree(tmp_path / "ctx", 5), tmp_path / "s1", str(ref), keypair[0])
     sent: dict[str, int] = {}
@@ -165,15 +165,15 @@ def test_large_blobs_go_up_in_chunks_and_a_broken_upload_resumes(registry: Regis
 
     store = Store(tmp_path / "s1")
     with pytest.raises(Broken):
-        transport.push(store, ref, plain_http=True, progress=break_in_chunk_three)
+        pushing.push(store, ref, plain_http=True, progress=break_in_chunk_three)
     patches = registry.requests_seen("PATCH", "/chunks/big-spec/blobs/uploads")
     assert patches >= 2
-    result = transport.push(store, ref, plain_http=True)
+    result = pushing.push(store, ref, plain_http=True)
     layer_total = sum(layer["size"] for layer in store.read_json_blob(store.resolve(ref))[1]["layers"])
     small_blobs = 64 << 10  # config and signature blobs
     assert 0 < result.bytes_uploaded <= layer_total + small_blobs - (2 << 20)  # the first two chunks were not sent again
     (tmp_path / "no-keys").mkdir()
-    pulled = transport.pull(Store(tmp_path / "s2"), ref, trusted=keys.trusted_keys([keypair[1]], tmp_path / "no-keys"), plain_http=True)
+    pulled = pulling.pull(Store(tmp_path / "s2"), ref, trusted=keys.trusted_keys([keypair[1]], tmp_path / "no-keys"), plain_http=True)
     assert pulled.digest == result.digest
 
 

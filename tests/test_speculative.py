@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from runner.decoding.stats import Stats, best_predicted_speedup, predicted_speedup
-from runner.decoding.speculative import (
+from runner.decoding.guard import (
     LOSS_BUDGET,
     LOSS_FLOOR,
     PATIENCE,
@@ -14,6 +14,8 @@ from runner.decoding.speculative import (
     TRIAL_ITERATIONS,
     WARMUP_ITERATIONS,
     Guard,
+)
+from runner.decoding.speculative import (
     Sampler,
     generate_plain,
     generate_speculative,

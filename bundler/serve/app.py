@@ -1,7 +1,7 @@
 """`bundle serve`: one verified, loaded pair behind an OpenAI-compatible HTTP API (FastAPI on uvicorn), with
 Prometheus metrics (prometheus_client), a health state driven by the acceptance rate, and a status page.
 
-One decoding worker thread owns the models (it loads them too, see serve_bundle); requests wait in a bounded
+One decoding worker thread owns the models (it loads them too, see _start_worker); requests wait in a bounded
 FIFO queue. On the llama.cpp engine the worker decodes several requests at once in one batch
 (bundler.serve.batch_worker); on the torch engine one at a time. The HTTP side is asyncio: the worker hands text back to the request's event loop with
 `call_soon_threadsafe`.
@@ -266,9 +266,19 @@ def build_app(engine: Engine, api_key: str | None = None, limits: ServeLimits | 
     """The FastAPI app over a running Engine, behind the request guard (bundler.serve.guard); open_probes lets
     GET /health and /metrics answer without the API key."""
     app = FastAPI(title="specbundle", docs_url=None, redoc_url=None, openapi_url=None)
-    created = int(time.time())
+    _add_error_handlers(app, engine)
+    _add_status_routes(app, engine)
+    _add_completion_routes(app, engine)
+
+    def refused(status: int) -> None:
+        engine.metrics.requests.labels(status="invalid").inc()
+
     limits = limits or ServeLimits()
-    prompt_bytes = serve_requests.prompt_byte_limit(engine.pair.tokenizer, SERVE_PROMPT_TOKENS)
+    return Guard(RequestGuard(app, limits, on_refused=refused), engine.info["digest"], api_key, OPEN_PROBE_PATHS if open_probes else ())
+
+
+def _add_error_handlers(app: FastAPI, engine: Engine) -> None:
+    """Every error answered in OpenAI's shape; a bad request counted as invalid."""
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, err: ApiError) -> JSONResponse:
@@ -284,16 +294,16 @@ def build_app(engine: Engine, api_key: str | None = None, limits: ServeLimits | 
     async def validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
         return JSONResponse(ApiError(400, f"invalid request: {err.errors()[:1]}").body(), status_code=400)
 
-    def _prepare(raw: bytes, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
-        """The checked request and its prompt ids (parsing, tokenizing, the chat template): run in a thread."""
-        req = serve_requests.parse_request(serve_requests.parse_body(raw), chat=chat, max_new_tokens=SERVE_MAX_NEW_TOKENS,
-                                           default_max_tokens=DEFAULT_MAX_TOKENS if chat else 16)
-        serve_requests.check_prompt_bytes(req, prompt_bytes, SERVE_PROMPT_TOKENS)
-        return req, serve_requests.prompt_ids(engine.pair, req, SERVE_PROMPT_TOKENS)
 
-    async def _request(request: Request, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
-        # Only reading the body (bounded by the request guard) happens on the event loop.
-        return await run_in_threadpool(_prepare, await request.body(), chat)
+def _model_card(engine: Engine, created: int) -> dict[str, Any]:
+    info = engine.info
+    return {"id": info["ref"], "object": "model", "created": created, "owned_by": info["signer"] or "specbundle",
+            "specbundle": {k: info[k] for k in ("digest", "signer", "tokenizer_fingerprint", "engine", "dtype")}}
+
+
+def _add_status_routes(app: FastAPI, engine: Engine) -> None:
+    """What the server says about itself: health, metrics, the model, the status page and its figures."""
+    created = int(time.time())
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -307,108 +317,134 @@ def build_app(engine: Engine, api_key: str | None = None, limits: ServeLimits | 
         engine.metrics.queue_depth.set(engine.jobs.qsize())
         return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def model_card() -> dict[str, Any]:
-        info = engine.info
-        return {"id": info["ref"], "object": "model", "created": created, "owned_by": info["signer"] or "specbundle",
-                "specbundle": {k: info[k] for k in ("digest", "signer", "tokenizer_fingerprint", "engine", "dtype")}}
-
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [_model_card(engine, created)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         if model_id != engine.info["ref"]:
             raise ApiError(404, f"no model {model_id!r} here; this server runs {engine.info['ref']}", code="model_not_found")
-        return model_card()
+        return _model_card(engine, created)
 
     @app.get("/status.json")
     async def status() -> dict[str, Any]:
-        return {"model": model_card(), "checks": engine.checks, "live": engine.live(),
+        return {"model": _model_card(engine, created), "checks": engine.checks, "live": engine.live(),
                 "pairing": engine.pair.pairing, "device": engine.pair.device}
 
     @app.get("/")
     async def page() -> FileResponse:
         return FileResponse(STATIC / "status.html", media_type="text/html")
 
-    async def _generate(request: Request, req: serve_requests.CompletionRequest, prompt_ids: list[int], chat: bool) -> Response:
-        loop = asyncio.get_running_loop()
-        job = Job(prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, req.stop, loop,
-                  asyncio.Queue(), engine.time_limit_s)
-        engine.submit(job)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        obj = "chat.completion" if chat else "text_completion"
-        model_id, now = engine.info["ref"], int(time.time())
 
-        def usage(done: dict) -> dict[str, int]:
-            return {"prompt_tokens": done["prompt_tokens"], "completion_tokens": done["completion_tokens"],
-                    "total_tokens": done["prompt_tokens"] + done["completion_tokens"]}
+def _add_completion_routes(app: FastAPI, engine: Engine) -> None:
+    """POST /v1/completions and /v1/chat/completions: a checked request handed to the worker, its answer back."""
+    prompt_bytes = serve_requests.prompt_byte_limit(engine.pair.tokenizer, SERVE_PROMPT_TOKENS)
 
-        if req.stream:
-            include_usage = req.include_usage
+    def prepare(raw: bytes, chat: bool) -> tuple[serve_requests.CompletionRequest, list[int]]:
+        """The checked request and its prompt ids (parsing, tokenizing, the chat template): run in a thread."""
+        req = serve_requests.parse_request(serve_requests.parse_body(raw), chat=chat, max_new_tokens=SERVE_MAX_NEW_TOKENS,
+                                           default_max_tokens=DEFAULT_MAX_TOKENS if chat else 16)
+        serve_requests.check_prompt_bytes(req, prompt_bytes, SERVE_PROMPT_TOKENS)
+        return req, serve_requests.prompt_ids(engine.pair, req, SERVE_PROMPT_TOKENS)
 
-            def chunk(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
-                if chat:
-                    delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                else:
-                    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-                return {"id": rid, "object": obj + ".chunk" if chat else obj, "created": now, "model": model_id, "choices": [choice]}
-
-            async def events() -> AsyncIterator[str]:
-                try:
-                    if chat:
-                        yield f"data: {json.dumps(chunk(None, None, first=True))}\n\n"
-                    while True:
-                        kind, value = await job.events.get()
-                        if kind == "text":
-                            yield f"data: {json.dumps(chunk(value, None))}\n\n"
-                        elif kind == "error":
-                            yield f"data: {json.dumps(value.body())}\n\n"
-                            break
-                        else:
-                            yield f"data: {json.dumps(chunk(None, value['finish_reason']))}\n\n"
-                            if include_usage:
-                                yield f"data: {json.dumps({**chunk(None, None), 'choices': [], 'usage': usage(value)})}\n\n"
-                            break
-                    yield "data: [DONE]\n\n"
-                finally:  # the client went away (the task is cancelled) or the stream ended: stop generating
-                    job.cancelled.set()
-
-            return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-        # Not streamed: a client that goes away (http.disconnect) cancels the job all the same.
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-        try:
-            while True:
-                kind, value = await job.events.get()
-                if kind == "error":
-                    raise value
-                if kind == "done":
-                    break
-        finally:
-            job.cancelled.set()
-            watcher.cancel()
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": value["text"]}, "logprobs": None,
-                      "finish_reason": value["finish_reason"]}
-        else:
-            choice = {"index": 0, "text": value["text"], "logprobs": None, "finish_reason": value["finish_reason"]}
-        return JSONResponse({"id": rid, "object": obj, "created": now, "model": model_id, "choices": [choice],
-                             "usage": usage(value), "specbundle": {"stats": value["stats"]}})
+    async def answer(request: Request, chat: bool) -> Response:
+        # Only reading the body (bounded by the request guard) happens on the event loop.
+        req, prompt_ids = await run_in_threadpool(prepare, await request.body(), chat)
+        return await _generate(engine, request, req, prompt_ids, chat)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(request, *await _request(request, chat=False), chat=False)
+        return await answer(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _generate(request, *await _request(request, chat=True), chat=True)
+        return await answer(request, chat=True)
 
-    def refused(status: int) -> None:
-        engine.metrics.requests.labels(status="invalid").inc()
 
-    return Guard(RequestGuard(app, limits, on_refused=refused), engine.info["digest"], api_key, OPEN_PROBE_PATHS if open_probes else ())
+class _Answer:
+    """The OpenAI shapes of one request's answer: its id, object type, model and creation time."""
+
+    def __init__(self, model_id: str, chat: bool):
+        self.chat, self.model_id, self.created = chat, model_id, int(time.time())
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def chunk(self, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+        """One streamed event (the chat's first one carries the role)."""
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {"id": self.id, "object": self.object + ".chunk" if self.chat else self.object, "created": self.created,
+                "model": self.model_id, "choices": [choice]}
+
+    def whole(self, done: dict) -> dict[str, Any]:
+        """The answer not streamed, from the worker's done event."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": done["text"]}, "logprobs": None,
+                      "finish_reason": done["finish_reason"]}
+        else:
+            choice = {"index": 0, "text": done["text"], "logprobs": None, "finish_reason": done["finish_reason"]}
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model_id, "choices": [choice],
+                "usage": _usage(done), "specbundle": {"stats": done["stats"]}}
+
+
+def _usage(done: dict) -> dict[str, int]:
+    return {"prompt_tokens": done["prompt_tokens"], "completion_tokens": done["completion_tokens"],
+            "total_tokens": done["prompt_tokens"] + done["completion_tokens"]}
+
+
+async def _generate(engine: Engine, request: Request, req: serve_requests.CompletionRequest, prompt_ids: list[int],
+                    chat: bool) -> Response:
+    """The request handed to the worker; its text streamed as it comes, or answered whole."""
+    job = Job(prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, req.stop, asyncio.get_running_loop(),
+              asyncio.Queue(), engine.time_limit_s)
+    engine.submit(job)
+    answer = _Answer(engine.info["ref"], chat)
+    if req.stream:
+        return StreamingResponse(_events(job, answer, req.include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return JSONResponse(answer.whole(await _done(request, job)))
+
+
+async def _events(job: Job, answer: _Answer, include_usage: bool) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer, from the worker's events."""
+    try:
+        if answer.chat:
+            yield f"data: {json.dumps(answer.chunk(None, None, first=True))}\n\n"
+        while True:
+            kind, value = await job.events.get()
+            if kind == "text":
+                yield f"data: {json.dumps(answer.chunk(value, None))}\n\n"
+            elif kind == "error":
+                yield f"data: {json.dumps(value.body())}\n\n"
+                break
+            else:
+                yield f"data: {json.dumps(answer.chunk(None, value['finish_reason']))}\n\n"
+                if include_usage:
+                    yield f"data: {json.dumps({**answer.chunk(None, None), 'choices': [], 'usage': _usage(value)})}\n\n"
+                break
+        yield "data: [DONE]\n\n"
+    finally:  # the client went away (the task is cancelled) or the stream ended: stop generating
+        job.cancelled.set()
+
+
+async def _done(request: Request, job: Job) -> dict:
+    """The worker's done event of an answer not streamed; its error raised. A client that goes away
+    (http.disconnect) cancels the job all the same."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "error":
+                raise value
+            if kind == "done":
+                return value
+    finally:
+        job.cancelled.set()
+        watcher.cancel()
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:
@@ -439,6 +475,32 @@ def _server_class() -> type:
     return Server
 
 
+def _start_worker(load: Callable[[], Any], engine_for: Callable[[Any, Mapping[str, Any], Any], Engine]) -> Engine:
+    """Starts the decoding thread: it loads the pair (`load()`: loaded_bundle or loaded_dir), hands back the
+    Engine over it, then decodes until Engine.stop(). A refusal while loading is raised here, in the caller.
+
+    Why the thread that decodes also loads: the OpenMP pool torch's (libgomp's) first parallel op creates stays
+    with the thread that made it, and once more OpenMP threads exist than cores libgomp throttles every pool's
+    spin-wait. A worker decoding beside the loader's idle pool ran 0.61x `bundle run` on 2 cores
+    (benchmarks/serve.py). The main thread only runs the event loop."""
+    handoff: queue.Queue = queue.Queue()
+
+    def own_the_models() -> None:
+        try:
+            with load() as (pair, info, report):
+                engine = engine_for(pair, info, report)
+                handoff.put(engine)
+                engine.work()
+        except BaseException as exc:  # noqa: BLE001 - a refusal while loading is raised again by the main thread
+            handoff.put(exc)
+
+    threading.Thread(target=own_the_models, name="specbundle-decoder", daemon=True).start()
+    engine = handoff.get()
+    if isinstance(engine, BaseException):
+        raise engine
+    return engine
+
+
 def serve_bundle(
     store: Any, ref: Any, trusted: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8000,
     api_key: str | None = None, max_queue: int = 16, time_limit_s: float = REQUEST_TIME_LIMIT_S,
@@ -457,31 +519,17 @@ def serve_bundle(
     from bundler.verbs.fetch import loaded_dir
     from bundler.verbs.run import loaded_bundle
 
-    # One thread loads the pair and then decodes with it; the main thread only runs the event loop. Why not
-    # load here: the OpenMP pool torch's (libgomp's) first parallel op creates stays with the thread that
-    # made it, and once more OpenMP threads exist than cores libgomp throttles every pool's spin-wait. A
-    # worker decoding beside the loader's idle pool ran 0.61x `bundle run` on 2 cores (benchmarks/serve.py).
-    handoff: queue.Queue = queue.Queue()
+    context = (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS)
 
-    def own_the_models() -> None:
-        try:
-            context = (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS)
-            loaded = loaded_dir(from_dir, trusted, context, **options) if from_dir else loaded_bundle(store, ref, trusted, context, **options)
-            with loaded as (pair, info, report):
-                checks = report if from_dir else verify_checks(report)
-                engine = Engine(pair, info, checks, max_queue, time_limit_s,
-                                on_record=on_record(report, pair) if on_record else None,
-                                batching={"sequences": sequences, "speculate": speculate,
-                                          "memory_budget": options.get("memory_budget")})
-                handoff.put(engine)
-                engine.work()
-        except BaseException as exc:  # noqa: BLE001 - a refusal while loading is raised again by the main thread
-            handoff.put(exc)
+    def load() -> Any:
+        return loaded_dir(from_dir, trusted, context, **options) if from_dir else loaded_bundle(store, ref, trusted, context, **options)
 
-    threading.Thread(target=own_the_models, name="specbundle-decoder", daemon=True).start()
-    engine = handoff.get()
-    if isinstance(engine, BaseException):
-        raise engine
+    def engine_for(pair: Any, info: Mapping[str, Any], report: Any) -> Engine:
+        checks = report if from_dir else verify_checks(report)
+        return Engine(pair, info, checks, max_queue, time_limit_s, on_record=on_record(report, pair) if on_record else None,
+                      batching={"sequences": sequences, "speculate": speculate, "memory_budget": options.get("memory_budget")})
+
+    engine = _start_worker(load, engine_for)
     limits = limits or ServeLimits(host=host)
     app = build_app(engine, api_key, limits, open_probes)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, http=protocol_class(limits),

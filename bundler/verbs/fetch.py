@@ -97,7 +97,7 @@ def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, pla
 
     Any refusal raises its BundleError and leaves `dest` empty (or absent, when it did not exist)."""
     from bundler.trust.contentcheck import check_content
-    from bundler.registry.client import pull
+    from bundler.registry.pull import pull
     from bundler.verbs.unpack import extract_verified
     from bundler.trust.verify import verify_bundle
 

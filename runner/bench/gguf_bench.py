@@ -27,7 +27,7 @@ from runner.engines import llamacpp
 from runner.gguf_run import load_gguf_pair
 from runner.bench.machine import machine_info
 from runner.decoding.run_history import with_history
-from runner.decoding.settings import draft_length
+from runner.decoding.settings import DecodingSettings, draft_length
 from runner.decoding.speculative import generate_plain, generate_speculative
 
 # Two computations of the same logits round differently in llama.cpp: a batch of several tokens (a verify
@@ -176,33 +176,58 @@ def bench_gguf(
     theirs = llamacpp.open_llama(gguf_model.gguf_files(dirs["target"])[0], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
                                  n_threads=threads, n_threads_batch=threads, logits_all=False)
 
-    def plain(engine) -> Callable[[list[int]], tuple[list[int], Any]]:
-        return lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(engine, x, max_new_tokens, eos_ids=eos))
+    methods = _methods(target, draft, theirs, settings, eos, max_new_tokens, k, history)
+    say("warming up")
+    for engine in (target, draft):
+        generate_plain(engine, ids[0], 8, eos_ids=eos)
+    _their_generate(theirs, eos, 8)(ids[0])
+    rounds = interleaved_rounds(methods, ids, repeat, say)
+    draft_only = timed(ids[:2], _plain(draft, eos, max_new_tokens))  # for the cost ratio
+    speeds = _speeds(rounds, draft_only, k)
+    say("comparing outputs")
+    return {
+        **speeds,
+        **_identity(target, theirs, ids, rounds[0]),
+        "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(rounds[0]["bundle"].stats) if s.fallback],
+        "per_prompt": [_per_prompt(i, rounds[0]) for i in range(len(ids))],
+        "prompts": len(ids),
+        "max_new_tokens": max_new_tokens,
+        "draft_tokens": k,
+        "tokenizer": {"fingerprint": pair.fingerprint},
+        "pairing": pair.pairing,
+        "dtype": pair.dtype,
+        "device": "cpu",
+        "threads": threads,
+        "engine": "llama.cpp",
+        "machine": machine_info(threads),
+    }
+
+
+def _plain(engine, eos: set[int], max_new_tokens: int) -> Callable[[list[int]], tuple[list[int], Any]]:
+    """Our plain decoding of one engine as a bench method."""
+    return lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(engine, x, max_new_tokens, eos_ids=eos))
+
+
+def _methods(target, draft, theirs, settings: DecodingSettings, eos: set[int], max_new_tokens: int, k: int,
+             history) -> dict[str, Callable[[list[int]], tuple[list[int], Any]]]:
+    """Every method bench times, by name: our plain decoding, llama-cpp-python's, ours."""
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
         r = with_history(history, settings.guard, 0.0, None, lambda advice: generate_speculative(
             target, draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, start_plain=advice))
         return r.tokens, r.stats
 
-    methods = {"target_only": plain(target), "llama_cpp_python": _their_generate(theirs, eos, max_new_tokens), "bundle": ours}
-    say("warming up")
-    for engine in (target, draft):
-        generate_plain(engine, ids[0], 8, eos_ids=eos)
-    _their_generate(theirs, eos, 8)(ids[0])
-    rounds = interleaved_rounds(methods, ids, repeat, say)
-    draft_only = timed(ids[:2], plain(draft))  # for the cost ratio
+    return {"target_only": _plain(target, eos, max_new_tokens), "llama_cpp_python": _their_generate(theirs, eos, max_new_tokens),
+            "bundle": ours}
+
+
+def _speeds(rounds: list[dict[str, Run]], draft_only: Run, k: int) -> dict[str, Any]:
+    """Tokens/s of every run (all rounds pooled), the speed-ups (medians of the rounds') and the speculation figures."""
     ratios = [_ratios(rnd) for rnd in rounds]
-    runs = {name: pooled([rnd[name] for rnd in rounds]) for name in methods}
+    runs = {name: pooled([rnd[name] for rnd in rounds]) for name in rounds[0]}
     runs["runner_plain"] = runs["target_only"]  # our plain decoding is the target alone here
     runs["draft_only"] = draft_only
     figures = speculation_figures(runs, k)
-    first = rounds[0]
-    say("comparing outputs")
-    their_tokens = first["llama_cpp_python"].tokens
-    differences = [first_difference(target, theirs, p, t, b, s.target_calls)
-                   for p, t, b, s in zip(ids, their_tokens, first["bundle"].tokens, first["bundle"].stats)]
-    plain_differences = [first_difference(target, theirs, p, t, b, s.target_calls)
-                         for p, t, b, s in zip(ids, their_tokens, first["target_only"].tokens, first["target_only"].stats)]
     median = lambda key: statistics.median(r[key] for r in ratios)  # noqa: E731
     spec_gain = median("speedup_vs_runner_plain")
     tps = {name: run.tokens_per_second for name, run in runs.items()}
@@ -218,23 +243,22 @@ def bench_gguf(
         "rounds": [{key: round(value, 3) if isinstance(value, float) else value for key, value in r.items()} for r in ratios],
         **figures,
         "efficiency": round(spec_gain / figures["theoretical_speedup"], 3) if figures["theoretical_speedup"] else None,
-        # greedy output against llama-cpp-python's own greedy generation of the same file
+    }
+
+
+def _identity(target, theirs, ids: list[list[int]], first: Mapping[str, Run]) -> dict[str, Any]:
+    """Greedy output (the first round's) against llama-cpp-python's own greedy generation of the same file:
+    ours and our plain decoding, each difference replayed to tell a tie from a fault."""
+    their_tokens = first["llama_cpp_python"].tokens
+    differences = [first_difference(target, theirs, p, t, b, s.target_calls)
+                   for p, t, b, s in zip(ids, their_tokens, first["bundle"].tokens, first["bundle"].stats)]
+    plain_differences = [first_difference(target, theirs, p, t, b, s.target_calls)
+                         for p, t, b, s in zip(ids, their_tokens, first["target_only"].tokens, first["target_only"].stats)]
+    return {
         "identical_output": all(d is None or d["tie"] for d in differences),
         "exactly_identical": all(d is None for d in differences),
         "runner_plain_identical": all(d is None or d["tie"] for d in plain_differences),
         "runner_plain_exactly_identical": all(d is None for d in plain_differences),
         "differences": [{"prompt": i, **d} for i, d in enumerate(differences) if d],
         "plain_differences": [{"prompt": i, **d} for i, d in enumerate(plain_differences) if d],
-        "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(first["bundle"].stats) if s.fallback],
-        "per_prompt": [_per_prompt(i, first) for i in range(len(ids))],
-        "prompts": len(ids),
-        "max_new_tokens": max_new_tokens,
-        "draft_tokens": k,
-        "tokenizer": {"fingerprint": pair.fingerprint},
-        "pairing": pair.pairing,
-        "dtype": pair.dtype,
-        "device": "cpu",
-        "threads": threads,
-        "engine": "llama.cpp",
-        "machine": machine_info(threads),
     }

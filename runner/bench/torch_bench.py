@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,7 +25,6 @@ from runner.decoding.speculative import generate_plain, generate_speculative
 from runner.checks.tokenizer_gate import load_spec
 
 PLAIN_DTYPES = ("float32", "bfloat16")
-
 
 
 def _hf_assisted(target, draft, eos: set[int], max_new_tokens: int, k: int | None) -> Callable[[list[int]], tuple[list[int], Any]]:
@@ -140,6 +140,18 @@ def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
 
 
 
+@dataclass
+class _Models:
+    """The pair as bench loads it: as transformers loads them (the target alone, assisted generation), as
+    `bundle run` runs them (ours), and the target in the other plain dtypes."""
+
+    target: Any
+    plain_draft: Any
+    fast_target: Any
+    draft: Any
+    others: dict[str, Any] = field(default_factory=dict)
+
+
 def bench_unpacked(
     root: Path,
     roles: Mapping[str, str],
@@ -185,33 +197,62 @@ def bench_unpacked(
     target, plain_draft = load("target", dtype), load("draft", dtype)
     # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
     # models as transformers loads them.
-    fast_target, draft = runtime_target(target), runtime_draft(plain_draft, checked)
+    models = _Models(target, plain_draft, runtime_target(target), runtime_draft(plain_draft, checked))
+    models.others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
 
-    plain = lambda model: lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))  # noqa: E731
+    rounds = _timed_rounds(models, _methods(models, settings, eos, vocab, max_new_tokens, k, history), ids, eos, dtype, repeat, say)
+    draft_only = timed(ids[:2], _plain(models.draft, eos, vocab, max_new_tokens))  # for the cost ratio
+    models.others.clear()  # the other dtypes' targets: not needed for the report
+    return {**_report(models, rounds, draft_only, ids, dtype, k), "prompts": len(ids), "max_new_tokens": max_new_tokens,
+            "dtype": dtype, "device": device, "threads": torch.get_num_threads(), "engine": "torch",
+            "machine": machine_info(torch.get_num_threads())}
+
+
+def _plain(model: Any, eos: set[int], vocab: int, max_new_tokens: int) -> Callable[[list[int]], tuple[list[int], Any]]:
+    """Plain decoding of one model as a bench method."""
+    return lambda x: (lambda r: (r.tokens, r.stats))(generate_plain(model, x, max_new_tokens, eos_ids=eos, vocab_size=vocab))
+
+
+def _methods(models: _Models, settings: DecodingSettings, eos: set[int], vocab: int, max_new_tokens: int, k: int,
+             history: Any) -> dict[str, Callable[[list[int]], tuple[list[int], Any]]]:
+    """Every method bench times, by name: the target alone, our plain decoding, ours, transformers' assisted
+    generation in two settings, the target alone in the other dtypes."""
+    plain = lambda model: _plain(model, eos, vocab, max_new_tokens)  # noqa: E731
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
         r = with_history(history, settings.guard, 0.0, None, lambda advice: generate_speculative(
-            fast_target, draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, vocab_size=vocab, start_plain=advice))
+            models.fast_target, models.draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, vocab_size=vocab, start_plain=advice))
         return r.tokens, r.stats
 
-    others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
-    methods: dict[str, Callable[[list[int]], tuple[list[int], Any]]] = {
+    target, plain_draft = models.target, models.plain_draft
+    return {
         "target_only": plain(target),
-        **({"runner_plain": plain(fast_target)} if fast_target is not target else {}),
+        **({"runner_plain": plain(models.fast_target)} if models.fast_target is not target else {}),
         "bundle": ours,
         "hf_assisted_default": _hf_assisted(target, plain_draft, eos, max_new_tokens, None),
         "hf_assisted_k": _hf_assisted(target, plain_draft, eos, max_new_tokens, k),
-        **{f"target_only_{other}": plain(model) for other, model in others.items()},
+        **{f"target_only_{other}": plain(model) for other, model in models.others.items()},
     }
+
+
+def _timed_rounds(models: _Models, methods: Mapping[str, Callable[[list[int]], tuple[list[int], Any]]], ids: list[list[int]],
+                  eos: set[int], dtype: str, repeat: int, say: Callable[[str], None]) -> list[dict[str, Run]]:
+    """Every model warmed up, then `repeat` interleaved rounds of every method; each round's target alone also
+    named for its dtype, and standing in for our plain decoding where our forward does not run the target."""
     say("warming up")
-    for model in {id(m): m for m in (target, fast_target, draft, *others.values())}.values():
+    for model in {id(m): m for m in (models.target, models.fast_target, models.draft, *models.others.values())}.values():
         generate_plain(model, ids[0], 8, eos_ids=eos)
     rounds = interleaved_rounds(methods, ids, repeat, say)
     for runs in rounds:
         runs[f"target_only_{dtype}"] = runs["target_only"]
         runs.setdefault("runner_plain", runs["target_only"])  # a target our forward does not run: transformers'
-    draft_only = timed(ids[:2], plain(draft))  # for the cost ratio
-    del others
+    return rounds
+
+
+def _report(models: _Models, rounds: list[dict[str, Run]], draft_only: Run, ids: list[list[int]], dtype: str,
+            k: int) -> dict[str, Any]:
+    """What the rounds measured: tokens/s of every run, the speed-ups (medians of the rounds'), the
+    speculation figures, and whether the bundle's output is the target alone's (the first round's)."""
     ratios = [_ratios(runs) for runs in rounds]
     runs = {name: pooled([rnd[name] for rnd in rounds]) for name in rounds[0]}
     runs["draft_only"] = draft_only
@@ -219,7 +260,7 @@ def bench_unpacked(
     hf_best, fastest_plain = _fastest(runs)
     figures = speculation_figures(runs, k)
     alone, bundle = first["target_only"], first["bundle"]
-    differences = [first_difference(target, p, t, b, dtype, ts.target_calls, bs.target_calls, fast_target)
+    differences = [first_difference(models.target, p, t, b, dtype, ts.target_calls, bs.target_calls, models.fast_target)
                    for p, t, b, ts, bs in zip(ids, alone.tokens, bundle.tokens, alone.stats, bundle.stats)]
     identical = all(d is None or d["tie"] for d in differences)
     median = lambda key: statistics.median(r[key] for r in ratios)  # noqa: E731
@@ -241,11 +282,4 @@ def bench_unpacked(
         "differences": [{"prompt": i, **d} for i, d in enumerate(differences) if d],
         "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(first["bundle"].stats) if s.fallback],
         "per_prompt": [_per_prompt(i, first, s) for i, s in enumerate(first["bundle"].stats)],
-        "prompts": len(ids),
-        "max_new_tokens": max_new_tokens,
-        "dtype": dtype,
-        "device": device,
-        "threads": torch.get_num_threads(),
-        "engine": "torch",
-        "machine": machine_info(torch.get_num_threads()),
     }

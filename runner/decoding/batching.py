@@ -3,7 +3,7 @@ sequence id each, and every step decodes one batch holding each active sequence'
 token and its drafted tokens, to verify), plus a chunk of a joining sequence's prompt.
 
 The loop is runner.decoding.speculative's, cut into steps and run for several sequences at once: each sequence keeps
-its own sampler, draft length, statistics and guard (runner.decoding.speculative.Guard); the guard judges with the
+its own sampler, draft length, statistics and guard (runner.decoding.guard.Guard); the guard judges with the
 costs of the batched passes actually run, each pass's time shared among its sequences by the tokens each put
 in it. So a sequence's speculation pays only when its drafted tokens cost less, inside the batch, than the
 tokens they save: with many sequences in a batch a token's share approaches its full cost and the guards
@@ -27,7 +27,8 @@ import torch
 from runner.engines.llamacpp import N_BATCH, LlamaCppEngine
 from runner.decoding.settings import cache_tokens
 from runner.decoding.stats import Stats
-from runner.decoding.speculative import Guard, Sampler, adapt_draft_length, finish_tokens, parameter_costs, verify_sampled
+from runner.decoding.guard import Guard, parameter_costs
+from runner.decoding.speculative import Sampler, adapt_draft_length, finish_tokens, verify_sampled
 
 SEQUENCES_CAP = 8  # the default number of sequences, at most (fewer where their KV caches do not fit)
 
@@ -328,10 +329,7 @@ class BatchedGenerator:
         stats = s.stats
         token, _ = self._pick(s, out)
         stats.target_calls.append((self.target.lengths[s.seq] - 1, 1))
-        stats.step_time_s += seconds
-        stats.target_passes += 1
-        stats.plain_steps += 1
-        stats.steps_timed += 1
+        stats.record_step(seconds)
         s.last = token
         s.behind.append(token)
         return [token]
@@ -349,23 +347,8 @@ class BatchedGenerator:
             n, last, new = verify_sampled(torch.from_numpy(out), drafts, q, s.sampler)
             token = int(last)
         before = self.target.lengths[s.seq] - kk - 1
-        with_prompt = not stats.speculative_iterations  # the draft's first pass also ran the prompt
         stats.target_calls.append((before, kk + 1))
-        stats.target_passes += 1
-        stats.record_verify(kk, n)
-        stats.draft_passes += kk
-        if not s._draft_catch_up:
-            stats.draft_time_s += s._draft_s
-            stats.draft_steps_timed += kk
-        elif with_prompt:  # else a catch-up over the tokens of a plain stretch, counted as the trial's cost
-            stats.draft_prefill_s += s._draft_s
-        stats.verify_time_s += seconds
-        stats.verifies_timed += 1
-        stats.verify_time_by_k[kk] = stats.verify_time_by_k.get(kk, 0.0) + seconds
-        stats.verifies_by_k[kk] = stats.verifies_by_k.get(kk, 0) + 1
-        spec_s = s._draft_s + seconds
-        stats.spec_time_s += spec_s
-        stats.spec_tokens += n + 1
+        stats.record_iteration(kk, n, s._draft_s, seconds, catch_up=s._draft_catch_up)
         if n < kk:  # roll both caches back to the accepted prefix
             self.target.keep(s.seq, before + 1 + n)
             self.draft.keep(s.seq, self.draft.lengths[s.seq] - (kk - 1 - n))
@@ -375,7 +358,7 @@ class BatchedGenerator:
         s.last = token
         if self.adaptive and s._budget == s.k:  # a draft length cut by the guard or the end says nothing
             s.k = adapt_draft_length(s.k, kk, n, 2 * self.draft_tokens)
-        s._observe = (kk, n, spec_s)
+        s._observe = (kk, n, s._draft_s + seconds)
         return new
 
     def _emit(self, s: Sequence, new: list[int]) -> bool:

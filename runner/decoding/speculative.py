@@ -1,42 +1,25 @@
 """Speculative decoding over an engine pair (runner.engines: torch or llama.cpp), lossless, with a guard.
 
-The loop (`generate_speculative`): the draft proposes k tokens one step at a time, the target scores
-all of them in one pass, the longest agreeing prefix is kept plus one token of the target's own, and
-both caches are cropped back to what was kept. Greedy output is the target's greedy output token for
-token; sampled output follows the target's distribution exactly (accept with min(1, p/q), else resample
-from max(p - q, 0) normalised). Invariant between iterations: the target's cache holds every token but
-`last`; the draft's cache holds every token but those in `behind`.
+The loop (`generate_speculative`), one `Speculation` step per iteration: the draft proposes k tokens one
+step at a time, the target scores all of them in one pass, the longest agreeing prefix is kept plus one
+token of the target's own, and both caches are cropped back to what was kept. Greedy output is the
+target's greedy output token for token; sampled output follows the target's distribution exactly (accept
+with min(1, p/q), else resample from max(p - q, 0) normalised). Before each iteration the guard
+(runner.decoding.guard) says whether to draft or to take one plain target step.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
+from runner.decoding.guard import Guard, parameter_costs
+from runner.decoding.stats import Stats
 from runner.engines import Engine, as_engine
 from runner.decoding.settings import cache_tokens
-from runner.decoding.stats import Stats, best_predicted_speedup
-
-WARMUP_ITERATIONS = 6  # speculative iterations before the guard judges
-PROBE_STEPS = 2  # single target steps timed early on: the cost of plain decoding, for the prediction
-PROBE_EVERY = 16  # then one more timed plain step every this many speculative iterations
-PATIENCE = 3  # consecutive predictions below 1 before falling back
-DECAY = 0.9  # the guard judges a recent window: its sums decay by this per speculative iteration
-RETRY_AFTER = 16  # after a fallback, plain tokens before a trial of speculation; doubles per failed trial
-RETRY_AFTER_MAX = 256
-TRIAL_ITERATIONS = 4  # speculative iterations a trial lasts before it is judged
-# What speculation may cost, measured by the clock: its iterations' time beyond what plain decoding would
-# have taken for the tokens they produced may not exceed LOSS_FLOOR target steps plus LOSS_BUDGET of the
-# plain time of all tokens so far. An iteration starts only where the budget has room for what one has
-# cost so far, and beyond it the guard falls back at once; a trial starts only once the run is back within
-# budget: a draft that does not pay costs about the floor, on any CPU. The floor is one losing iteration:
-# on a CPU where a verify pass costs 2-3 steps (AVX2), what a useless draft costs is a step or two per answer.
-LOSS_FLOOR = 1.0
-LOSS_BUDGET = 0.005
 
 
 @dataclass
@@ -241,126 +224,73 @@ def adapt_draft_length(k: int, drafted: int, n: int, max_k: int) -> int:
     return k
 
 
-def parameter_costs(target, draft) -> tuple[float, float]:
-    """A cost model that needs no clock: a draft step costs its share of the parameters, a verify pass one step."""
-    return as_engine(draft).parameters / as_engine(target).parameters, 1.0
+@dataclass
+class Iteration:
+    """What one speculative iteration did: drafts proposed and accepted, the new tokens, its wall time."""
+
+    drafted: int
+    accepted: int
+    new: list[int]
+    seconds: float
 
 
-class Guard:
-    """Decides before each iteration whether to draft, and records why it stopped.
+class Speculation:
+    """One generation's target and draft, their caches and its statistics: each step of the loop.
 
-    It times a few plain target steps (probes: the baseline), then judges every speculative iteration on a
-    recent window (sums that decay by DECAY per iteration): Leviathan's prediction from the window's
-    acceptance and the measured costs, or the speed-up the loop realized in the window, whichever is
-    higher. Below 1 (or acceptance below min_acceptance) PATIENCE times in a row: plain decoding, then a
-    short trial of speculation after RETRY_AFTER tokens, the wait doubling after each failed trial. Drafts
-    often agree better later in an answer (code after its introduction) than at its start, and a failed
-    trial of a useless draft costs a few draft steps. Besides, what speculation has cost so far, by the
-    clock, is kept within a budget (LOSS_FLOOR, LOSS_BUDGET): over it, plain decoding at once, and no trial
-    until the run is within it again. Where only a shorter draft is predicted to pay (a verify pass that
-    grows with its length), drafts are capped to that length. `costs` (draft step, verify pass, in target
-    steps) replaces the timed ones when given: the decisions then depend on no clock.
-    """
+    Invariant between iterations: the target's cache holds every token but `last`; the draft's cache holds
+    every token but those in `behind`."""
 
-    def __init__(self, stats: Stats, max_k: int, min_acceptance: float, costs: tuple[float, float] | None) -> None:
-        self.stats, self.max_k, self.min_acceptance, self.costs = stats, max_k, min_acceptance, costs
-        self.window = [0.0, 0.0, 0.0, 0.0]  # accepted, rejections, seconds, tokens
-        self.iterations = self.below = 0
-        self.plain_until: float | None = None  # while fallen back: the token count at which a trial starts
-        self.trial = False
-        self.retry_after = RETRY_AFTER
-        self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
+    def __init__(self, target: Engine, draft: Engine, sampler: Sampler, stats: Stats, draft_confidence: float) -> None:
+        self.target, self.draft, self.sampler, self.stats = target, draft, sampler, stats
+        self.draft_confidence = draft_confidence
+        self.verify = verify_greedy if sampler.greedy else verify_sampled
+        self.sync = _synchronizer(target.device)
+        self.last: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self.behind: list[torch.Tensor] = []
 
-    def drafting(self, produced: int) -> bool:
-        """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
-        stats = self.stats
-        if self.plain_until is not None:
-            if produced < self.plain_until or not self._affordable(produced):
-                return False
-            self.plain_until, self.trial, self.window, self.iterations, self.below = None, True, [0.0] * 4, 0, 0
-            stats.fallback["retries"] += 1
-        elif stats.speculative_iterations and not self._affordable(produced):
-            self._fall_back(produced, f"speculation cost {self.lost_steps():.1f} target steps more than plain decoding; "
-                                      f"another iteration would pass the budget ({LOSS_FLOOR:g} + {LOSS_BUDGET:.1%} of the tokens)")
-            return False
-        return stats.speculative_iterations == 0 or not (
-            stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
-        )  # a few plain steps early, then one now and then: the baseline follows the context's growth
+    def start(self, ids: torch.Tensor, room: int) -> None:
+        """Both caches emptied for `room` tokens; the prompt prefilled in the target's."""
+        self.target.reset(room)
+        self.draft.reset(room)
+        self.last = _prefill(self.target, ids, self.stats)
+        self.behind = [ids]  # the draft's prefill of the prompt comes with its first step
 
-    def start_plain(self, reason: str) -> None:
-        """Plain decoding from the first token and no trial (runner.decoding.run_history's advice), with its reason."""
-        self.stats.fallback = {"at_token": 0, "reason": reason, "retries": 0, "resumed": 0}
-        self.plain_until = math.inf
+    def plain_step(self) -> list[int]:
+        """One timed target step: a guard probe, the last token, or plain decoding after a fallback."""
+        t0 = time.perf_counter()
+        self.stats.target_calls.append((self.target.length(), 1))
+        self.last, _ = self.sampler.pick(self.target.forward(self.last, last_only=True))
+        new = self.last.tolist()
+        self.stats.record_step(time.perf_counter() - t0)
+        self.behind.append(self.last)  # the draft catches up when it drafts again
+        return new
 
-    def lost_steps(self) -> float | None:
-        """Target steps the speculative iterations took beyond plain decoding of the tokens they produced
-        (negative: gained); None without a clock (a cost model) or before a plain step was timed."""
-        step = self.stats.step_time
-        if self.costs or not step:
-            return None
-        # The draft's prefill of the prompt is not counted (plain decoding of the target has a prefill too, and
-        # the draft's is a small share of it); its catch-up over the tokens of a plain run is: a trial's cost.
-        stats = self.stats
-        return (stats.spec_time_s - stats.draft_prefill_s - stats.spec_tokens * step) / step
+    def speculate(self, budget: int) -> Iteration:
+        """Up to `budget` draft tokens, one target pass over them, both caches cropped to what was kept."""
+        pending = self.behind[0] if len(self.behind) == 1 else torch.cat(self.behind)
+        t0 = time.perf_counter()
+        drafts, q = _draft(self.draft, pending, budget, self.sampler, self.draft_confidence)
+        k = len(drafts)
+        self.sync()
+        t1 = time.perf_counter()
+        self.stats.target_calls.append((self.target.length(), k + 1))
+        logits = self.target.forward(torch.cat([self.last, drafts]), last_only=False)
+        n, self.last, new = self.verify(logits, drafts, q, self.sampler)
+        t2 = time.perf_counter()
+        self.stats.record_iteration(k, n, t1 - t0, t2 - t1, catch_up=len(pending) > 2)
+        self._keep(drafts, n)
+        return Iteration(k, n, new, t2 - t0)
 
-    def _affordable(self, produced: int) -> bool:
-        """Another iteration (or a trial) only where the budget leaves room for what one has cost so far."""
-        lost = self.lost_steps()
-        if lost is None:
-            return True
-        per_iteration = max(lost, 0.0) / max(self.stats.speculative_iterations, 1)
-        return lost + per_iteration <= LOSS_FLOOR + LOSS_BUDGET * produced
-
-    def _over_budget(self, produced: int) -> bool:
-        lost = self.lost_steps()
-        return lost is not None and lost > LOSS_FLOOR + LOSS_BUDGET * produced
-
-    def _fall_back(self, produced: int, reason: str) -> None:
-        if self.stats.fallback is None:
-            self.stats.fallback = {"at_token": produced, "reason": reason, "retries": 0, "resumed": 0}
-        self.plain_until, self.trial = produced + self.retry_after, False
-        self.retry_after = min(2 * self.retry_after, RETRY_AFTER_MAX)
-
-    def observe(self, drafted: int, accepted: int, seconds: float, produced: int) -> None:
-        """One speculative iteration; then the verdict, which may switch to plain decoding."""
-        w = self.window
-        self.window = [w[0] * DECAY + accepted, w[1] * DECAY + (accepted < drafted), w[2] * DECAY + seconds,
-                       w[3] * DECAY + accepted + 1]
-        self.iterations += 1
-        stats = self.stats
-        if self._over_budget(produced):
-            self._fall_back(produced, f"speculation cost {self.lost_steps():.1f} target steps more than plain decoding "
-                                      f"(budget {LOSS_FLOOR:g} + {LOSS_BUDGET:.1%} of the tokens)")
-            return
-        cost, verify = self.costs or (stats.cost_ratio, stats.verify_cost_ratio)
-        if self.iterations < (TRIAL_ITERATIONS if self.trial else WARMUP_ITERATIONS) or cost is None or verify is None:
-            return
-        accepted_w, rejections_w, seconds_w, tokens_w = self.window
-        acceptance = accepted_w / (accepted_w + rejections_w) if accepted_w + rejections_w else 0.0
-        slope = None if self.costs else stats.verify_slope
-        speedup, best_k = best_predicted_speedup(acceptance, cost, verify, self.max_k, slope)
-        # Acceptance comes in runs (boilerplate, repeated code), which the i.i.d. model under-rates: the
-        # speed-up the loop actually achieved counts too (not with a clock-free cost model).
-        step = stats.step_time
-        realized = step * tokens_w / seconds_w if not self.costs and step and seconds_w else 0.0
-        mean_k = stats.drafted / max(stats.speculative_iterations, 1)
-        if slope is not None and best_k < mean_k and realized < 1.0 <= speedup:
-            # Where a verify pass grows with its length (bf16 on a CPU without AMX or AVX-512 BF16), only a
-            # shorter draft may pay: draft that long instead of falling back.
-            self.k_cap = best_k
-        speedup = max(speedup, realized)
-        stats.predicted_speedup = speedup
-        if speedup >= 1.0 and acceptance >= self.min_acceptance:
-            if self.trial:
-                stats.fallback["resumed"] += 1
-                self.trial, self.retry_after = False, RETRY_AFTER
-            self.below = 0
-            return
-        self.below += 1
-        if not self.trial and self.below < PATIENCE:
-            return
-        self._fall_back(produced, f"predicted speed-up {speedup:.2f} < 1 (acceptance {acceptance:.2f}, cost ratio {cost:.2f})"
-                        if speedup < 1.0 else f"acceptance {acceptance:.2f} < min_acceptance {self.min_acceptance:g}")
+    def _keep(self, drafts: torch.Tensor, n: int) -> None:
+        """Rolls both caches back to the first n drafts (the target's token after them is `last`)."""
+        k = len(drafts)
+        if n < k:
+            self.target.crop(k - n)
+            if k - 1 - n:
+                self.draft.crop(k - 1 - n)
+            self.behind = [self.last]
+        else:  # all accepted: the draft has not run its own last token yet
+            self.behind = [drafts[-1:], self.last]
 
 
 @torch.inference_mode()
@@ -388,86 +318,43 @@ def generate_speculative(
     draft_tokens: the first draft length k (adaptive: kept within 1..2*draft_tokens). draft_confidence:
     the draft stops early once its probability of the whole proposal falls below this. guard: after a
     warm-up, fall back to plain decoding when the predicted speed-up stays below 1 (or the per-token
-    acceptance below `min_acceptance`), with trials of speculation now and then (see Guard); the first
-    fallback is recorded in stats.fallback. vocab_size: compare the
-    models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens;
+    acceptance below `min_acceptance`), with trials of speculation now and then (runner.decoding.guard);
+    the first fallback is recorded in stats.fallback. vocab_size: compare the models on ids below it (default: the smaller embedding). on_tokens receives each batch of new tokens;
     returning True from it stops the generation after that batch. start_plain: a reason to decode plainly
     from the first token, with no trial (runner.decoding.run_history: the draft did not pay in the last runs); it
     becomes stats.fallback; ignored without the guard.
     target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
     target, draft = as_engine(target), as_engine(draft)
-    device = target.device
-    ids = _as_ids(input_ids, device)
-    sampler = Sampler(temperature, top_p, seed, device, _vocab_size([target, draft], vocab_size))
-    verify = verify_greedy if sampler.greedy else verify_sampled
-    sync, eos, stats, tokens = _synchronizer(device), set(eos_ids), Stats(), []
+    ids = _as_ids(input_ids, target.device)
+    sampler = Sampler(temperature, top_p, seed, target.device, _vocab_size([target, draft], vocab_size))
+    stats, eos, tokens = Stats(), set(eos_ids), []
     k, max_k = max(draft_tokens, 1), 2 * max(draft_tokens, 1)
     # A seeded sample must not depend on the clock: when to fall back is then decided without timings.
     costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
     judge = Guard(stats, max_k, min_acceptance, costs) if guard else None
     if judge and start_plain:
         judge.start_plain(start_plain)
+    spec = Speculation(target, draft, sampler, stats, draft_confidence)
     start = time.perf_counter()
-    room = cache_tokens(len(ids), max_new_tokens, draft_tokens)
-    target.reset(room)
-    draft.reset(room)
-    last = _prefill(target, ids, stats)
-    behind = [ids]  # what the draft's cache lacks: the prompt (its prefill comes with its first step)
+    spec.start(ids, room=cache_tokens(len(ids), max_new_tokens, draft_tokens))
     done = max_new_tokens <= 0
     while not done:
-        budget = min(k, judge.k_cap if judge else k, max_new_tokens - len(tokens) - 1) if judge is None or judge.drafting(len(tokens)) else 0
-        kk = 0
-        if budget <= 0:  # one target step: a guard probe, the last token, or plain decoding after a fallback
-            t1 = time.perf_counter()
-            stats.target_calls.append((target.length(), 1))
-            last, _ = sampler.pick(target.forward(last, last_only=True))
-            new = last.tolist()
-            stats.step_time_s += time.perf_counter() - t1
-            stats.target_passes += 1
-            stats.plain_steps += 1
-            stats.steps_timed += 1
-            behind.append(last)  # the draft catches up when it drafts again
-        else:
-            pending = behind[0] if len(behind) == 1 else torch.cat(behind)
-            with_prompt = not stats.speculative_iterations  # the draft's first step also runs the prompt
-            t0 = time.perf_counter()
-            drafts, q = _draft(draft, pending, budget, sampler, draft_confidence)
-            kk = len(drafts)
-            sync()
-            t1 = time.perf_counter()
-            stats.target_calls.append((target.length(), kk + 1))
-            logits = target.forward(torch.cat([last, drafts]), last_only=False)
-            n, last, new = verify(logits, drafts, q, sampler)
-            t2 = time.perf_counter()
-            stats.target_passes += 1
-            stats.record_verify(kk, n)
-            stats.draft_passes += kk
-            if len(pending) <= 2:  # a step that also ran the prompt or a catch-up is not a draft step's cost
-                stats.draft_time_s += t1 - t0
-                stats.draft_steps_timed += kk
-            elif with_prompt:  # else a catch-up over the tokens of a plain run, counted as the trial's cost
-                stats.draft_prefill_s += t1 - t0
-            stats.verify_time_s += t2 - t1
-            stats.verifies_timed += 1
-            stats.verify_time_by_k[kk] = stats.verify_time_by_k.get(kk, 0.0) + t2 - t1
-            stats.verifies_by_k[kk] = stats.verifies_by_k.get(kk, 0) + 1
-            stats.spec_time_s += t2 - t0
-            stats.spec_tokens += n + 1
-            if n < kk:  # roll both caches back to the accepted prefix
-                target.crop(kk - n)
-                if kk - 1 - n:
-                    draft.crop(kk - 1 - n)
-                behind = [last]
-            else:  # all accepted: the draft has not run its own last token yet
-                behind = [drafts[-1:], last]
+        drafting = judge is None or judge.drafting(len(tokens))
+        budget = min(k, judge.k_cap if judge else k, max_new_tokens - len(tokens) - 1) if drafting else 0
+        if budget > 0:
+            iteration = spec.speculate(budget)
+            new = iteration.new
+        else:  # one target step: a guard probe, the last token, or plain decoding after a fallback
+            iteration, new = None, spec.plain_step()
         new, done = finish_tokens(tokens, new, max_new_tokens, eos)
         tokens += new
         if on_tokens and on_tokens(new):  # the caller asks to stop here (a client gone, a stop string)
             done = True
-        if kk and adaptive and budget == k:
-            k = adapt_draft_length(k, kk, n, max_k)
-        if kk and judge:
-            judge.observe(kk, n, t2 - t0, len(tokens))
+        if iteration and adaptive and budget == k:  # a draft length cut by the guard or the end says nothing
+            k = adapt_draft_length(k, iteration.drafted, iteration.accepted, max_k)
+        if iteration and judge:
+            judge.observe(iteration.drafted, iteration.accepted, iteration.seconds, len(tokens))
     stats.new_tokens, stats.elapsed_s, stats.draft_tokens_final = len(tokens), time.perf_counter() - start, k
     return GenerationResult(tokens, stats)
+

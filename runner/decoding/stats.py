@@ -86,6 +86,33 @@ class Stats:
         for i in range(n):
             self.accepted_at[i] += 1
 
+    def record_step(self, seconds: float) -> None:
+        """One timed single-token target step: a guard probe, the last token, or plain decoding."""
+        self.step_time_s += seconds
+        self.target_passes += 1
+        self.plain_steps += 1
+        self.steps_timed += 1
+
+    def record_iteration(self, k: int, n: int, draft_s: float, verify_s: float, catch_up: bool) -> None:
+        """One speculative iteration: k draft steps taking draft_s, n of them accepted by a verify pass taking
+        verify_s. catch_up: the first draft step also ran tokens the draft's cache lacked (the prompt, or
+        the tokens of a plain stretch), so its time is not a draft step's cost."""
+        with_prompt = not self.speculative_iterations  # the draft's first step also ran the prompt
+        self.target_passes += 1
+        self.record_verify(k, n)
+        self.draft_passes += k
+        if not catch_up:
+            self.draft_time_s += draft_s
+            self.draft_steps_timed += k
+        elif with_prompt:  # else a catch-up over the tokens of a plain stretch, counted as the trial's cost
+            self.draft_prefill_s += draft_s
+        self.verify_time_s += verify_s
+        self.verifies_timed += 1
+        self.verify_time_by_k[k] = self.verify_time_by_k.get(k, 0.0) + verify_s
+        self.verifies_by_k[k] = self.verifies_by_k.get(k, 0) + 1
+        self.spec_time_s += draft_s + verify_s
+        self.spec_tokens += n + 1
+
     @property
     def acceptance_rate(self) -> float | None:
         """Accepted / drafted."""
