@@ -35,11 +35,13 @@ import urllib3
 
 from bundler.format import boundedjson
 
-from bundler.trust import cosign, recordlimits, releases, runrecord, signature
+from bundler.trust import cosign, recordlimits, releases, runrecord
 
 from bundler.registry import credentials
 from core.errors import BundleError
-from bundler.format.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
+from bundler.format import mediatypes
+from bundler.format.manifest import Descriptor, go_json, sha256_digest
+from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
 from bundler.store.modelkit import load_modelkit
 from bundler.store.refs import Ref
 from bundler.store.referrers import damaged_signatures, find_legacy_signatures, find_signatures
@@ -87,7 +89,7 @@ class Bounds:
         return cls(_env_number("BUNDLE_READ_TIMEOUT", cls.read_timeout), _env_number("BUNDLE_MIN_RATE", cls.min_rate),
                    _env_number("BUNDLE_MIN_RATE_GRACE", cls.min_rate_grace), int(_env_number("BUNDLE_RETRIES", cls.retries)))
 BACKOFF = 0.25
-SIG_TYPE = signature.SIGSTORE_BUNDLE_MEDIA_TYPE
+SIG_TYPE = mediatypes.SIGSTORE_BUNDLE
 MANIFEST_ACCEPT = f"{OCI_MANIFEST}, {OCI_INDEX}"
 
 
@@ -521,7 +523,7 @@ def push_records(client: Client, subject: str, records: list[tuple[Descriptor, b
     for desc, data, _ in records:
         resp = _put_manifest(client, desc.digest, data, OCI_MANIFEST, f"push of run record {desc.digest[:19]}…")
         if resp.headers.get("OCI-Subject") != subject:
-            fallback.append({**desc.as_dict(), "artifactType": runrecord.ARTIFACT_TYPE,
+            fallback.append({**desc.as_dict(), "artifactType": mediatypes.RUN_RECORD,
                              "annotations": {runrecord.PREDICATE_ANNOTATION: runrecord.PREDICATE_TYPE}})
     if fallback:
         _update_fallback_index(client, subject, fallback)
@@ -531,7 +533,7 @@ def remote_records(client: Client, subject: str) -> list[tuple[Descriptor, bytes
     """(manifest descriptor, manifest bytes, its blobs) of each run record of `subject` the registry lists;
     a manifest that is not a record about `subject` is skipped."""
     out = []
-    for ref_desc in referrers(client, subject, runrecord.ARTIFACT_TYPE)[: recordlimits.MAX_CANDIDATES]:
+    for ref_desc in referrers(client, subject, mediatypes.RUN_RECORD)[: recordlimits.MAX_CANDIDATES]:
         what = f"run record {ref_desc.digest[:19]}…"
         if ref_desc.size > recordlimits.MAX_RECORD_BYTES:
             continue  # larger than any record pull keeps: not even read
@@ -542,7 +544,7 @@ def remote_records(client: Client, subject: str) -> list[tuple[Descriptor, bytes
             continue
         if not isinstance(body, dict) or not isinstance(body.get("subject"), dict) or body["subject"].get("digest") != subject:
             continue
-        if body.get("artifactType") != runrecord.ARTIFACT_TYPE:
+        if body.get("artifactType") != mediatypes.RUN_RECORD:
             continue
         layers = body.get("layers")
         if not isinstance(layers, list):
@@ -852,7 +854,7 @@ def pull(
             for sig_desc, _ in sig_manifests:
                 store.add_untagged(sig_desc, SIG_TYPE)
             for record_desc, _, _ in records:
-                store.add_untagged(record_desc, runrecord.ARTIFACT_TYPE)
+                store.add_untagged(record_desc, mediatypes.RUN_RECORD)
             store.tag(ref, manifest_desc)
             store.write_state(ROLLBACK_STATE, releases.merge(store.state(ROLLBACK_STATE), tmp.state(ROLLBACK_STATE)))
         for path in downloader.fetched:

@@ -19,7 +19,8 @@ from typing import Any, BinaryIO, Iterator
 
 from bundler.format import boundedjson
 from core.errors import BundleError
-from bundler.format.manifest import OCI_MANIFEST, Descriptor, parse_descriptor
+from bundler.format.manifest import Descriptor, parse_descriptor
+from bundler.format.mediatypes import OCI_MANIFEST
 from bundler.store.refs import Ref
 
 REF_NAME = "org.opencontainers.image.ref.name"

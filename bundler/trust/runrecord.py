@@ -21,7 +21,7 @@ import json
 import platform
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata, resources
 from typing import Any, Mapping
 
@@ -31,15 +31,14 @@ from bundler.format import boundedjson
 
 from bundler.trust import dsse, keys
 from core.errors import BundleError
-from bundler.format.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
+from bundler.format.manifest import Descriptor, parse_descriptor
+from bundler.format.mediatypes import DSSE_ENVELOPE, OCI_MANIFEST, RUN_RECORD
 from bundler.store.layout import Store
+from bundler.store.referrers import find_records, stage_artifact
 
 PREDICATE_TYPE = "https://specbundle.dev/run/v1"
-ARTIFACT_TYPE = "application/vnd.in-toto+json"  # the manifest's artifactType (CONTRACT.md section 5)
-ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"  # the layer: a bare DSSE envelope
 PREDICATE_ANNOTATION = "in-toto.io/predicate-type"
 SCHEMA_NAME = "run-record.schema.json"  # in the `schemas` package
-EMPTY_CONFIG = b"{}"
 
 
 # ---------------------------------------------------------------- what a record says
@@ -182,22 +181,9 @@ def sign_statement(statement: Mapping[str, Any], private_key: keys.PrivateKey) -
 def store_record(store: Store, subject: Descriptor, envelope: bytes, predicate_type: str = PREDICATE_TYPE) -> Descriptor:
     """Add a signed envelope to the store as an untagged artifact whose subject is the bundle manifest."""
     with store.transaction() as staging:
-        layer = Descriptor(ENVELOPE_MEDIA_TYPE, staging.add_bytes(envelope).digest, len(envelope))
-        config = Descriptor(OCI_EMPTY, staging.add_bytes(EMPTY_CONFIG).digest, len(EMPTY_CONFIG))
-        manifest = go_json(
-            {
-                "schemaVersion": 2,
-                "mediaType": OCI_MANIFEST,
-                "artifactType": ARTIFACT_TYPE,
-                "config": config.as_dict(),
-                "layers": [layer.as_dict()],
-                "subject": subject.as_dict() | {"mediaType": OCI_MANIFEST},
-                "annotations": {PREDICATE_ANNOTATION: predicate_type},
-            }
-        )
-        desc = Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+        desc = stage_artifact(staging, RUN_RECORD, DSSE_ENVELOPE, envelope, subject, {PREDICATE_ANNOTATION: predicate_type})
         staging.commit()
-        store.add_untagged(desc, ARTIFACT_TYPE)
+        store.add_untagged(desc, RUN_RECORD)
     return desc
 
 
@@ -325,23 +311,6 @@ class RecordCheck:
         }
 
 
-def find_records(store: Store, subject_digest: str) -> list[Descriptor]:
-    """Record artifacts in the store whose manifest names `subject_digest` as its subject (not yet verified).
-
-    A manifest that cannot be read is still listed, so that its damage is reported rather than hidden."""
-    found = []
-    for desc in store.untagged(ARTIFACT_TYPE):
-        try:
-            _, manifest = store.read_json_blob(desc)
-        except BundleError:
-            found.append(desc)
-            continue
-        subject = manifest.get("subject") if isinstance(manifest, dict) else None
-        if isinstance(subject, dict) and subject.get("digest") == subject_digest:
-            found.append(desc)
-    return found
-
-
 def check_record(store: Store, desc: Descriptor, subject_digest: str, trusted: Mapping[str, keys.PublicKey]) -> RecordCheck:
     """Verify one record: readable and intact, signed by a trusted key, a run/v1 statement matching the schema,
     about this bundle. The first failure is the reason; never raises for a bad record."""
@@ -395,8 +364,8 @@ def _read_envelope(store: Store, desc: Descriptor) -> bytes:
     if not isinstance(layers, list) or len(layers) != 1:
         raise BundleError("invalid-bundle", "record manifest must have exactly one layer")
     layer = parse_descriptor(layers[0], f"record {desc.digest} layer")
-    if layer.media_type != ENVELOPE_MEDIA_TYPE:
-        raise BundleError("invalid-bundle", f"record layer is {layer.media_type!r}, expected {ENVELOPE_MEDIA_TYPE}")
+    if layer.media_type != DSSE_ENVELOPE:
+        raise BundleError("invalid-bundle", f"record layer is {layer.media_type!r}, expected {DSSE_ENVELOPE}")
     try:
         data, _ = store.read_json_blob(layer)
     except BundleError as err:

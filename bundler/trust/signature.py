@@ -28,14 +28,12 @@ from typing import Any
 
 import jsonschema
 
+from bundler.format.mediatypes import SIGSTORE_BUNDLE
 from bundler.trust import dsse
 from core.errors import BundleError
 from bundler.trust.keys import PrivateKey, PublicKey, key_id
 
-SIGSTORE_BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
-STATEMENT_TYPE = dsse.STATEMENT_TYPE
-DSSE_PAYLOAD_TYPE = dsse.PAYLOAD_TYPE
 
 # Top-level paths model_signing leaves out of a directory's hash by default (hashing.Config, ignore_git_paths).
 MODEL_SIGNING_IGNORED = (".git", ".gitattributes", ".github", ".gitignore")
@@ -94,7 +92,7 @@ def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key
         raise BundleError("invalid-bundle", f"cannot sign: {problem}")
     statement = dsse.statement(model_name, _root_digest([files[n] for n in names]), PREDICATE_TYPE, predicate)
     bundle = {
-        "mediaType": SIGSTORE_BUNDLE_MEDIA_TYPE,
+        "mediaType": SIGSTORE_BUNDLE,
         "verificationMaterial": {"publicKey": {"hint": key_id(private_key)}, "tlogEntries": []},
         # model_signing leaves the DSSE keyid empty and names the key in the hint instead.
         "dsseEnvelope": dsse.sign_envelope(_canonical_json(statement), private_key, keyid=""),
@@ -189,8 +187,8 @@ def _parse_envelope(bundle_json: bytes) -> _Envelope:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: a nesting bomb
         raise _invalid(f"signature is not JSON: {err}") from err
     _require_object(bundle, "signature", required={"mediaType", "verificationMaterial", "dsseEnvelope"})
-    if bundle["mediaType"] != SIGSTORE_BUNDLE_MEDIA_TYPE:
-        raise _invalid(f"signature mediaType is {bundle['mediaType']!r}, expected {SIGSTORE_BUNDLE_MEDIA_TYPE}")
+    if bundle["mediaType"] != SIGSTORE_BUNDLE:
+        raise _invalid(f"signature mediaType is {bundle['mediaType']!r}, expected {SIGSTORE_BUNDLE}")
 
     material = bundle["verificationMaterial"]
     _require_object(material, "verificationMaterial", required={"publicKey"}, optional={"tlogEntries"})

@@ -10,7 +10,8 @@ from typing import Callable
 from bundler.trust.contentcheck import ContentReport, check_content
 from core.errors import BundleError
 from bundler.format.kitfile import Kitfile, LayerSpec, load_kitfile
-from bundler.format.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, build_config, build_manifest, layer_media_type
+from bundler.format.manifest import Descriptor, build_config, build_manifest
+from bundler.format.mediatypes import MODELKIT_CONFIG, OCI_MANIFEST, layer_media_type
 from bundler.store.refs import Ref
 from bundler.trust.releases import check_new_release, signed_releases
 from bundler.store.layout import Staging, Store
