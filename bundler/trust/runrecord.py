@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import hashlib
 import json
 import platform
 import sys
 import threading
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import metadata
 from typing import Any, Mapping
-
-import jsonschema
 
 from bundler.format import boundedjson
 
@@ -33,6 +30,7 @@ from bundler.trust import dsse, keys
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor, parse_descriptor
 from bundler.format.mediatypes import DSSE_ENVELOPE, OCI_MANIFEST, RUN_RECORD
+from bundler.format.schemacheck import schema_problem
 from bundler.store.layout import Store
 from bundler.store.referrers import find_records, stage_artifact
 
@@ -155,7 +153,7 @@ def build_statement(ctx: Context, totals: Totals, started: dt.datetime, finished
     if prompts is not None:
         predicate["prompts"] = list(prompts)
     statement = dsse.statement(ctx.ref, ctx.digest.split(":", 1)[1], PREDICATE_TYPE, predicate)
-    problem = schema_problem(statement)
+    problem = schema_problem(SCHEMA_NAME, statement)
     if problem:
         raise BundleError("internal", f"run record does not match {SCHEMA_NAME}: {problem}")
     return statement
@@ -327,7 +325,7 @@ def check_record(store: Store, desc: Descriptor, subject_digest: str, trusted: M
             result.statement = boundedjson.loads(envelope.payload, "record statement")  # for display, verified or not
         result.signer = dsse.verify_signer(envelope, trusted, envelope.keyid or None)
         statement = dsse.parse_statement(envelope.payload_type, envelope.payload, PREDICATE_TYPE)
-        problem = schema_problem(statement)
+        problem = schema_problem(SCHEMA_NAME, statement)
         if problem:
             raise BundleError("invalid-bundle", f"record does not match {SCHEMA_NAME}: {problem}")
         signed = "sha256:" + statement["subject"][0]["digest"]["sha256"]
@@ -371,20 +369,3 @@ def _read_envelope(store: Store, desc: Descriptor) -> bytes:
     except BundleError as err:
         raise BundleError(err.code, f"record envelope is damaged: {err.message}") from None
     return data
-
-
-@functools.lru_cache(maxsize=1)
-def _validator() -> jsonschema.protocols.Validator:
-    schema = json.loads(resources.files("schemas").joinpath(SCHEMA_NAME).read_text(encoding="utf-8"))
-    validator_class = jsonschema.validators.validator_for(schema)
-    validator_class.check_schema(schema)
-    return validator_class(schema)
-
-
-def schema_problem(statement: Any) -> str | None:
-    """Why `statement` does not match schemas/run-record.schema.json, or None."""
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(statement))
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path)
-    return error.message + (f" (at {where})" if where else "")

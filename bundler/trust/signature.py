@@ -17,18 +17,15 @@ the runtime does not need, and it is only used as a test cross-check.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import resources
 from typing import Any
 
-import jsonschema
-
 from bundler.format.mediatypes import SIGSTORE_BUNDLE
+from bundler.format.schemacheck import schema_problem
 from bundler.trust import dsse
 from core.errors import BundleError
 from bundler.trust.keys import PrivateKey, PublicKey, key_id
@@ -87,7 +84,7 @@ def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key
         "resources": [{"name": name, "algorithm": "sha256", "digest": files[name]} for name in names],
         "bundle": dict(bundle_fields),
     }
-    problem = _schema_problem(predicate)
+    problem = schema_problem(SCHEMA_NAME, predicate)
     if problem:
         raise BundleError("invalid-bundle", f"cannot sign: {problem}")
     statement = dsse.statement(model_name, _root_digest([files[n] for n in names]), PREDICATE_TYPE, predicate)
@@ -209,7 +206,7 @@ def _claims(payload_type: str, payload: bytes, signer: str) -> SignedClaims:
     subject = statement["subject"][0]
     digest = subject["digest"]
     predicate = statement.get("predicate")
-    problem = _schema_problem(predicate)
+    problem = schema_problem(SCHEMA_NAME, predicate)
     if problem:
         raise _invalid(f"signed predicate: {problem}")
 
@@ -266,19 +263,3 @@ def _model_signing_ignores(name: str) -> str | None:
     if top in MODEL_SIGNING_IGNORED:
         return f"model_signing never hashes top-level {top!r}, so it could not verify this signature"
     return None
-
-
-@functools.lru_cache(maxsize=1)
-def _predicate_validator() -> jsonschema.protocols.Validator:
-    schema = json.loads(resources.files("schemas").joinpath(SCHEMA_NAME).read_text(encoding="utf-8"))
-    validator_class = jsonschema.validators.validator_for(schema)
-    validator_class.check_schema(schema)
-    return validator_class(schema)
-
-
-def _schema_problem(predicate: Any) -> str | None:
-    error = jsonschema.exceptions.best_match(_predicate_validator().iter_errors(predicate))
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path)
-    return f"{error.message}" + (f" (at {where})" if where else "")
