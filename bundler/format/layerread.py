@@ -10,7 +10,7 @@ from typing import BinaryIO
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor
 from bundler.store.layout import Store
-from bundler.format.tarlayer import iter_layer
+from bundler.format.tarread import iter_layer
 
 CHUNK = 1 << 20
 # Files whose content decides token ids; hashed even when no signature lists them.

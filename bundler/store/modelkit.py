@@ -12,7 +12,7 @@ from bundler.format.manifest import Descriptor, parse_descriptor
 from bundler.format.mediatypes import MODELKIT_CONFIG, OCI_MANIFEST, layer_kind
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
-from bundler.format.tarlayer import iter_layer
+from bundler.format.tarread import iter_layer
 
 _LAYER_INFO = ("digest", "diffId")
 

@@ -214,7 +214,7 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
     from pathlib import Path
 
     from bundler.format.layerread import TOKENIZER_FILES
-    from bundler.format.tarlayer import iter_layer
+    from bundler.format.tarread import iter_layer
     from bundler.format.metadatacheck import check_tree
     from runner.checks.tokenizer_gate import check_tokenizers  # torch-free
 

@@ -15,7 +15,7 @@ from bundler.format.mediatypes import MODELKIT_CONFIG, OCI_MANIFEST, layer_media
 from bundler.store.refs import Ref
 from bundler.trust.releases import check_new_release, signed_releases
 from bundler.store.layout import Staging, Store
-from bundler.format.tarlayer import LayerResult, write_layer
+from bundler.format.tarwrite import LayerResult, write_layer
 
 
 @dataclass(frozen=True)

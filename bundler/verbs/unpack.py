@@ -18,7 +18,7 @@ from core.errors import BundleError
 from bundler.format.layerread import HashingReader
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
-from bundler.format.tarlayer import TarMember, extract_layer
+from bundler.format.tarread import TarMember, extract_layer
 from bundler.trust.verify import VerifyReport, verify_bundle
 
 
