@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["main"]
+
 import functools
 import json
 import os

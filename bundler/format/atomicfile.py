@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+__all__ = ["write_atomically"]
+
 import contextlib
 import os
 import tempfile
 from pathlib import Path
-
-__all__ = ["write_atomically"]
 
 
 def write_atomically(path: Path, data: bytes, mode: int, *, replace: bool = True) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "pickle_files"]
+
 import os
 import posixpath
 from dataclasses import dataclass

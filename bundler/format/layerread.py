@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["HashingReader", "LayerScan", "TOKENIZER_FILES", "scan_layer"]
+
 import hashlib
 import posixpath
 from dataclasses import dataclass, field

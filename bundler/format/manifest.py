@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["Descriptor", "build_config", "build_manifest", "go_json", "parse_descriptor", "sha256_digest"]
+
 import hashlib
 import json
 from dataclasses import dataclass

@@ -4,21 +4,9 @@ its own in pkg/lib/constants/mediaType.go)."""
 from __future__ import annotations
 
 __all__ = [
-    "DSSE_ENVELOPE",
-    "IN_TOTO",
-    "LAYER_KINDS",
-    "MODELKIT_ARTIFACT",
-    "MODELKIT_CONFIG",
-    "OCI_EMPTY",
-    "OCI_IMAGE_CONFIG",
-    "OCI_INDEX",
-    "OCI_MANIFEST",
-    "RUN_RECORD",
-    "SIGSTORE_BUNDLE",
-    "SIGSTORE_BUNDLE_TYPES",
-    "SIMPLE_SIGNING",
-    "layer_kind",
-    "layer_media_type",
+    "DSSE_ENVELOPE", "IN_TOTO", "MODELKIT_ARTIFACT", "MODELKIT_CONFIG", "OCI_EMPTY", "OCI_IMAGE_CONFIG",
+    "OCI_INDEX", "OCI_MANIFEST", "RUN_RECORD", "SIGSTORE_BUNDLE", "SIGSTORE_BUNDLE_TYPES", "SIMPLE_SIGNING",
+    "layer_kind", "layer_media_type",
 ]
 
 # OCI image-spec: every manifest we write (bundle, signature, run record) and the lists of manifests (a

@@ -3,14 +3,14 @@ checked once, and what a value breaks of one."""
 
 from __future__ import annotations
 
+__all__ = ["schema_problem", "validator"]
+
 import functools
 import json
 from importlib import resources
 from typing import Any
 
 import jsonschema
-
-__all__ = ["schema_problem", "validator"]
 
 
 @functools.cache

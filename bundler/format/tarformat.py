@@ -3,19 +3,18 @@ size, type flags and USTAR header layout, the record of one file, and a Kitfile 
 
 from __future__ import annotations
 
+__all__ = [
+    "BLOCK", "CHKSUM_FIELD", "CHUNK", "DEVMAJOR_FIELD", "DEVMINOR_FIELD", "END_OF_ARCHIVE", "FileRecord",
+    "GID_FIELD", "GNAME_FIELD", "LINKNAME_FIELD", "MAGIC_FIELD", "MAGIC_GNU", "MAGIC_USTAR", "MAX_SPECIAL",
+    "MODE_FIELD", "MTIME_FIELD", "NAME_FIELD", "PREFIX_FIELD", "SIZE_FIELD", "TYPEFLAG_AT", "TYPE_DIR",
+    "TYPE_GNU_LONGNAME", "TYPE_PAX", "TYPE_REG", "UID_FIELD", "UNAME_FIELD", "VERSION_FIELD", "VERSION_USTAR",
+    "ZERO_BLOCK", "normalise_layer_path",
+]
+
 import posixpath
 from dataclasses import dataclass
 
 from core.errors import BundleError
-
-__all__ = [
-    "BLOCK", "CHUNK", "END_OF_ARCHIVE", "ZERO_BLOCK", "MAX_SPECIAL",
-    "TYPE_DIR", "TYPE_GNU_LONGNAME", "TYPE_PAX", "TYPE_REG",
-    "NAME_FIELD", "MODE_FIELD", "UID_FIELD", "GID_FIELD", "SIZE_FIELD", "MTIME_FIELD", "CHKSUM_FIELD", "TYPEFLAG_AT",
-    "LINKNAME_FIELD", "MAGIC_FIELD", "VERSION_FIELD", "UNAME_FIELD", "GNAME_FIELD", "DEVMAJOR_FIELD", "DEVMINOR_FIELD",
-    "PREFIX_FIELD", "MAGIC_USTAR", "VERSION_USTAR", "MAGIC_GNU",
-    "FileRecord", "normalise_layer_path",
-]
 
 BLOCK = 512
 CHUNK = 1 << 20  # bytes per read when streaming file content: memory stays flat whatever the file size

@@ -8,6 +8,8 @@ from kit's; here anything either reader could see differently is refused.
 
 from __future__ import annotations
 
+__all__ = ["TarMember", "extract_layer", "iter_layer"]
+
 import hashlib
 import io
 import os
@@ -22,8 +24,6 @@ from bundler.format.tarformat import (
     NAME_FIELD, MODE_FIELD, SIZE_FIELD, CHKSUM_FIELD, TYPEFLAG_AT, MAGIC_FIELD, PREFIX_FIELD, MAGIC_USTAR, MAGIC_GNU,
     FileRecord, normalise_layer_path,
 )
-
-__all__ = ["TarMember", "extract_layer", "iter_layer"]
 
 
 @dataclass(frozen=True)

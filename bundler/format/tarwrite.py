@@ -10,6 +10,8 @@ times, uid 1000, gid 0, no user or group names). Modes are normalised to 0644/07
 
 from __future__ import annotations
 
+__all__ = ["LayerResult", "encode_header", "write_layer"]
+
 import functools
 import hashlib
 import os
@@ -27,8 +29,6 @@ from bundler.format.tarformat import (
     MAGIC_FIELD, VERSION_FIELD, UNAME_FIELD, GNAME_FIELD, DEVMAJOR_FIELD, DEVMINOR_FIELD, PREFIX_FIELD,
     MAGIC_USTAR, VERSION_USTAR, FileRecord, normalise_layer_path,
 )
-
-__all__ = ["LayerResult", "encode_header", "write_layer"]
 
 PARALLEL_MIN = 256 << 10  # chunks at least this big are hashed for the file on another thread
 

@@ -7,6 +7,8 @@ never appears in a repr, a message or a log line.
 
 from __future__ import annotations
 
+__all__ = ["Credentials", "PASSWORD_ENV", "USER_ENV", "docker_config_path", "login", "logout", "lookup"]
+
 import base64
 import json
 import os

@@ -7,6 +7,8 @@ goes when the bundle goes. A kept manifest keeps its config and layers.
 
 from __future__ import annotations
 
+__all__ = ["collect"]
+
 import os
 from dataclasses import dataclass, field
 from typing import Any

@@ -6,6 +6,8 @@ index.json is replaced last, by rename. A crash or Ctrl-C mid-pack leaves the st
 
 from __future__ import annotations
 
+__all__ = ["MAX_JSON_BLOB", "MAX_STATE", "PRIVATE", "REF_NAME", "Staging", "Store", "default_root"]
+
 import contextlib
 import fcntl
 import hashlib

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ModelKit", "file_hashes", "load_modelkit", "strip_layer_info"]
+
 import hashlib
 from dataclasses import dataclass
 from typing import Any

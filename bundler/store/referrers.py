@@ -4,21 +4,17 @@ damaged signature counts as none; `damaged_signatures` names it)."""
 
 from __future__ import annotations
 
+__all__ = [
+    "damaged_signatures", "find_legacy_signatures", "find_records", "find_signatures", "signature_artifacts",
+    "stage_artifact",
+]
+
 from typing import Any, Iterator, Mapping
 
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor, go_json, parse_descriptor
 from bundler.format.mediatypes import OCI_EMPTY, OCI_MANIFEST, RUN_RECORD, SIGSTORE_BUNDLE, SIMPLE_SIGNING
 from bundler.store.layout import Staging, Store
-
-__all__ = [
-    "damaged_signatures",
-    "find_legacy_signatures",
-    "find_records",
-    "find_signatures",
-    "signature_artifacts",
-    "stage_artifact",
-]
 
 EMPTY_CONFIG = b"{}"  # the blob of an OCI_EMPTY config: an artifact manifest must still name a config
 

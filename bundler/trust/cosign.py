@@ -21,6 +21,12 @@ itself has no such annotation and no expiry.
 
 from __future__ import annotations
 
+__all__ = [
+    "CosignClaims", "EXPIRES_ANNOTATION", "KIND", "MODEL_SIGNING_KIND", "PREDICATE_TYPE",
+    "SIGNATURE_ANNOTATION", "artifact_annotations", "cosign_hint", "kind_of", "legacy_config", "legacy_payload",
+    "legacy_sign", "legacy_tag", "sign_digest", "verify_digest",
+]
+
 import base64
 import datetime as dt
 import hashlib

@@ -6,6 +6,11 @@ model-signing library writes as `verificationMaterial.publicKey.hint`, so ids ag
 
 from __future__ import annotations
 
+__all__ = [
+    "PASSWORD_ENV", "PrivateKey", "PublicKey", "TRUSTED_KEYS_ENV", "generate_keypair", "key_id",
+    "load_private_key", "load_public_key", "trusted_keys",
+]
+
 import hashlib
 import os
 from collections.abc import Sequence

@@ -9,6 +9,8 @@ lists. `push` passes on only what the same rule keeps, so a store never publishe
 
 from __future__ import annotations
 
+__all__ = ["Candidate", "MAX_CANDIDATES", "MAX_RECORDS", "MAX_RECORD_BYTES", "choose", "local"]
+
 from dataclasses import dataclass
 from typing import Any, Mapping
 

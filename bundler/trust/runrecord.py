@@ -13,6 +13,11 @@ Prompt and output text are never recorded; with `attest_prompts` only their sha2
 
 from __future__ import annotations
 
+__all__ = [
+    "Context", "PREDICATE_ANNOTATION", "PREDICATE_TYPE", "RecordCheck", "Recorder", "ServeRecords", "Written",
+    "attestations", "check_record", "now", "sign_statement", "store_record",
+]
+
 import contextlib
 import datetime as dt
 import hashlib

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["attach_signature", "sign_checked", "sign_modelkit"]
+
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Mapping

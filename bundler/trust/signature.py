@@ -17,6 +17,11 @@ the runtime does not need, and it is only used as a test cross-check.
 
 from __future__ import annotations
 
+__all__ = [
+    "PREDICATE_TYPE", "SignedClaims", "format_time", "named_key", "parse_time", "read_unverified", "sign",
+    "verify",
+]
+
 import hashlib
 import json
 from collections.abc import Mapping

@@ -7,6 +7,11 @@ version, listing exactly its files, over this manifest, not expired, not a rollb
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_SIGNATURES", "VerifyReport", "check_expiry", "check_files", "check_layer_roles",
+    "signed_before_download", "verify_bundle",
+]
+
 import datetime as dt
 import os
 import posixpath

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["inspect_bundle"]
+
 import contextlib
 import posixpath
 import struct

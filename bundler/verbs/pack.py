@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["pack", "pack_checked"]
+
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path

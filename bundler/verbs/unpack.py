@@ -7,6 +7,8 @@ read (and hashed against the signature) straight from the blob by whoever loads 
 
 from __future__ import annotations
 
+__all__ = ["extract_leaving_in_blobs", "extract_verified", "make_writable", "unpack"]
+
 import os
 import shutil
 import tempfile
