@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["main"]
+
 import functools
 import importlib.resources
 import json

@@ -9,6 +9,8 @@ stays one visible run of printable text, and cuts what is too long to read.
 
 from __future__ import annotations
 
+__all__ = ["MAX_SHOWN", "line", "shown"]
+
 import re
 from typing import Any
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["BundleError"]
+
 # Exit code families of CONTRACT.md section 3.
 INTERNAL, USAGE, INTEGRITY, POLICY, REGISTRY, INVALID = 1, 2, 3, 4, 5, 6
 

@@ -1,6 +1,6 @@
-"""A second, deliberately plain writer of kit's layer tars, used only to check bundler.format.tarlayer.
+"""A second, deliberately plain writer of kit's layer tars, used only to check bundler.format.tarwrite.
 
-It shares no code with bundler.format.tarlayer. Fields are encoded by Python's tarfile (`itn`, `stn`,
+It shares no code with bundler.format.tarwrite. Fields are encoded by Python's tarfile (`itn`, `stn`,
 `calc_chksums`, and the PAX records of `TarInfo._create_pax_generic_header`); the places where Go's
 archive/tar differs from tarfile are written out by hand below:
   - USTAR long names: Go splits at the *last* '/' that fits the 155-byte prefix; tarfile at the first.

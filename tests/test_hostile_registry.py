@@ -103,7 +103,7 @@ def test_plain_http_is_refused_for_a_registry_off_loopback(tmp_path: Path) -> No
 
 def _serve_store(store: Path, signed: bool = True):
     """A registry route serving a store's bundle (and, when signed, its signatures via the fallback tag)."""
-    from bundler.format.manifest import OCI_INDEX
+    from bundler.format.mediatypes import OCI_INDEX
 
     index = json.loads((store / "index.json").read_text())
     [entry] = [m for m in index["manifests"] if "annotations" in m]

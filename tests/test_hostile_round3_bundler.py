@@ -234,7 +234,7 @@ def _attach_all(store: Path, ref: str, host: str) -> None:
     from bundler.registry.client import client_for
     from bundler.store.modelkit import load_modelkit
     from bundler.store.refs import parse_ref
-    from bundler.trust.runrecord import find_records
+    from bundler.store.referrers import find_records
     from bundler.store.layout import Store
 
     s, parsed = Store(store), parse_ref(ref)

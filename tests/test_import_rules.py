@@ -1,6 +1,6 @@
 """The import rules of the house, read from the source with ast (nothing of the project is imported):
-no cycles among the project's modules, nothing in runner/ imports bundler/, and no `from X import _private`
-across modules."""
+no cycles among the project's modules, nothing in runner/ imports bundler/, no `from X import _private`
+across modules, and each module of core/ and bundler/ names its public face in __all__."""
 
 from __future__ import annotations
 
@@ -107,3 +107,61 @@ def test_the_rules_see_the_project() -> None:
     """The rules above are only as good as the graph: it must hold the project's modules and edges."""
     assert "bundler.cli" in GRAPH and "runner.decoding.speculative" in GRAPH
     assert "bundler.trust.verify" in GRAPH["bundler.cli"] or any(d.startswith("bundler") for d in GRAPH["bundler.cli"])
+
+
+# The public face: each module of core/ and bundler/ names in __all__ what the rest of the project (tests and
+# benchmarks included) takes from it. Private names (tests may reach in) and names a module only imports (a
+# test may patch `module.os`) are not part of it.
+FACED = sorted(m for m, p in MODULES.items() if m.split(".")[0] in ("core", "bundler") and p.name not in ("__init__.py", "__main__.py"))
+
+
+def top_level(module: str) -> tuple[set[str], set[str] | None]:
+    """The names `module` defines at its top level, and its __all__ (None without one)."""
+    defined: set[str] = set()
+    declared = None
+    for node in ast.parse(MODULES[module].read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        for sub in ast.walk(node) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.If, ast.Try)) else ():
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                defined.add(sub.id)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            declared = set(ast.literal_eval(node.value))
+    return defined, declared
+
+
+def taken(path: Path) -> set[tuple[str, str]]:
+    """(module, name) for each name this file takes from a module of the project: `from M import name`, or
+    `m.name` where an import bound m to M."""
+    tree = ast.parse(path.read_text())
+    out, bound = set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in MODULES:
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif node.module in MODULES:
+                    out.add((node.module, alias.name))
+        elif isinstance(node, ast.Import):
+            bound.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name in MODULES})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            out.add((bound[node.value.id], node.attr))
+    return out
+
+
+def test_every_module_of_core_and_bundler_declares_its_public_face() -> None:
+    assert [m for m in FACED if top_level(m)[1] is None] == []
+
+
+def test_every_name_taken_from_core_or_bundler_is_in_its_all() -> None:
+    faces = {m: top_level(m) for m in FACED}
+    users = [p for d in ("core", "bundler", "runner", "tests", "benchmarks", "demo") for p in (ROOT / d).rglob("*.py")]
+    missing = sorted({f"{m}.{name}" for path in users for m, name in taken(path)
+                      if m in faces and MODULES[m] != path and not name.startswith("_")
+                      and name in faces[m][0] and name not in (faces[m][1] or set())})
+    assert missing == []
+
+
+def test_all_names_only_what_the_module_defines() -> None:
+    assert sorted(f"{m}.{name}" for m in FACED for name in (top_level(m)[1] or set()) - top_level(m)[0]) == []

@@ -13,7 +13,8 @@ import requests
 
 from bundler.trust import dsse, runrecord
 from bundler.trust.keys import key_id, load_private_key, load_public_key
-from bundler.format.manifest import OCI_MANIFEST, Descriptor
+from bundler.format.manifest import Descriptor
+from bundler.format.mediatypes import OCI_MANIFEST, RUN_RECORD
 from bundler.store.modelkit import load_modelkit
 from bundler.store.refs import parse_ref
 from bundler.store.layout import Store
@@ -47,7 +48,7 @@ def _trusted(*pubs: Path) -> dict:
 
 
 def _records(store: Path) -> list[Descriptor]:
-    return Store(store).untagged(runrecord.ARTIFACT_TYPE)
+    return Store(store).untagged(RUN_RECORD)
 
 
 def _envelope(store: Path, record: Descriptor) -> tuple[dict, Descriptor]:

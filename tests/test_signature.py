@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from core.errors import BundleError
+from bundler.format.mediatypes import SIGSTORE_BUNDLE
 from bundler.trust.keys import key_id
 from bundler.trust.signature import (
     PREDICATE_TYPE,
-    SIGSTORE_BUNDLE_MEDIA_TYPE,
     format_time,
     parse_time,
     read_unverified,
@@ -109,7 +109,7 @@ def test_verify_returns_the_signed_files_fields_and_signer(signed, key) -> None:
 def test_signature_is_a_sigstore_bundle_laid_out_as_model_signing_lays_it_out(signed, key) -> None:
     bundle = json.loads(signed)
 
-    assert bundle["mediaType"] == SIGSTORE_BUNDLE_MEDIA_TYPE
+    assert bundle["mediaType"] == SIGSTORE_BUNDLE
     assert bundle["verificationMaterial"] == {"publicKey": {"hint": key_id(key)}, "tlogEntries": []}
     assert bundle["dsseEnvelope"]["payloadType"] == "application/vnd.in-toto+json"
     assert [s["keyid"] for s in bundle["dsseEnvelope"]["signatures"]] == [""]

@@ -100,7 +100,8 @@ def _used_by(store: Path, bundle: str) -> set[str]:
 def test_gc_keeps_any_untagged_referrer_of_a_kept_bundle(two_bundles, keypair) -> None:
     store, a, _ = two_bundles
     # An artifact of another type (a run record, say) whose subject is bundle a: kept with a, gone after rm.
-    from bundler.format.manifest import OCI_MANIFEST, Descriptor, go_json
+    from bundler.format.manifest import Descriptor, go_json
+    from bundler.format.mediatypes import OCI_MANIFEST
     from bundler.store.layout import Store
 
     s = Store(store)

@@ -16,7 +16,8 @@ import pytest
 
 import goldentar
 from core.errors import BundleError
-from bundler.format.tarlayer import encode_header, extract_layer, iter_layer, write_layer
+from bundler.format.tarread import extract_layer, iter_layer
+from bundler.format.tarwrite import encode_header, write_layer
 
 GO_TAR = Path(__file__).parent / "data" / "go-tar"
 SPLIT_PATH = "target/" + "d" * 60 + "/" + "e" * 50 + "/weights.bin"  # > 100 bytes: USTAR prefix + name

@@ -8,6 +8,8 @@ are what it lacks.
 
 from __future__ import annotations
 
+__all__ = ["MAX_JSON_BYTES", "loads", "read_json", "read_regular"]
+
 import json
 import os
 import stat

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
+__all__ = ["Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "pickle_files"]
+
 import os
 import posixpath
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,9 @@ import yaml
 from kitops.modelkit.kitfile import Kitfile as KitopsKitfile
 
 from core.errors import BundleError
+from bundler.format.schemacheck import validator
 
+SCHEMA_NAME = "kitfile.schema.json"  # in the `schemas` package
 MAX_KITFILE_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32
 KITFILE_NAMES = ("Kitfile", "kitfile", ".kitfile")
@@ -59,12 +60,6 @@ class Kitfile:
     def role_paths(self) -> dict[str, str]:
         """role -> path for the three roles the runner needs."""
         return {spec.role: spec.path for spec in self.layers if spec.role in REQUIRED_ROLES}
-
-
-@cache
-def _schema() -> dict:
-    text = resources.files("schemas").joinpath("kitfile.schema.json").read_text()
-    return json.loads(text)
 
 
 def _invalid(where: str, what: str) -> BundleError:
@@ -174,7 +169,7 @@ def kitfile_from_data(data: Any, where: str = "Kitfile") -> Kitfile:
         raise _invalid(where, "not a YAML mapping")
     if _depth(data) > MAX_YAML_DEPTH:  # a config read from JSON never went through _parse_yaml's bound
         raise _invalid(where, f"nested deeper than {MAX_YAML_DEPTH} levels")
-    errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: list(e.absolute_path))
+    errors = sorted(validator(SCHEMA_NAME).iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         first = errors[0]
         at = ".".join(str(p) for p in first.absolute_path) or "(top level)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["HashingReader", "LayerScan", "TOKENIZER_FILES", "scan_layer"]
+
 import hashlib
 import posixpath
 from dataclasses import dataclass, field
@@ -10,7 +12,7 @@ from typing import BinaryIO
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor
 from bundler.store.layout import Store
-from bundler.format.tarlayer import iter_layer
+from bundler.format.tarread import iter_layer
 
 CHUNK = 1 << 20
 # Files whose content decides token ids; hashed even when no signature lists them.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["Descriptor", "build_config", "build_manifest", "go_json", "parse_descriptor", "sha256_digest"]
+
 import hashlib
 import json
 from dataclasses import dataclass
@@ -9,25 +11,7 @@ from typing import Any
 
 from core.errors import BundleError
 from bundler.format.kitfile import Kitfile, LayerSpec
-
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-OCI_EMPTY = "application/vnd.oci.empty.v1+json"
-MODELKIT_ARTIFACT = "application/vnd.kitops.modelkit.manifest.v1+json"
-MODELKIT_CONFIG = "application/vnd.kitops.modelkit.config.v1+json"
-LAYER_KINDS = ("model", "modelpart", "code", "dataset", "docs")
-
-
-def layer_media_type(kind: str) -> str:
-    return f"application/vnd.kitops.modelkit.{kind}.v1.tar"
-
-
-def layer_kind(media_type: str) -> str | None:
-    """The kind word of a ModelKit layer media type, or None if it is not one (compressed layers included)."""
-    for kind in LAYER_KINDS:
-        if media_type == layer_media_type(kind):
-            return kind
-    return None
+from bundler.format.mediatypes import MODELKIT_ARTIFACT, OCI_MANIFEST
 
 
 def go_json(value: Any) -> bytes:

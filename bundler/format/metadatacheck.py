@@ -11,6 +11,8 @@ bundler.format.boundedjson, and refused as `invalid-bundle` (exit 6) naming the 
 
 from __future__ import annotations
 
+__all__ = ["MAX_SAFETENSORS_HEADER", "check_roles", "check_tree"]
+
 import struct
 from pathlib import Path
 from typing import Any

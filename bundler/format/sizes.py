@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["parse_size"]
+
 import re
 
 from core.errors import BundleError

@@ -7,6 +7,8 @@ protocol beyond single requests lives here too: the referrers tag schema and tra
 
 from __future__ import annotations
 
+__all__ = ["Client", "MANIFEST_ACCEPT", "Progress", "READ", "SIG_TYPE", "client_for", "failure_reason", "fallback_tag", "run_all"]
+
 import contextlib
 import os
 import re
@@ -21,10 +23,10 @@ import oras.auth
 import oras.auth.utils
 import requests
 
-from bundler.format.manifest import OCI_INDEX, OCI_MANIFEST
+from bundler.format import mediatypes
+from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
 from bundler.registry import credentials
 from bundler.store.refs import Ref
-from bundler.trust import signature
 from core.errors import BundleError
 
 Progress = Callable[[str, int], None]
@@ -33,7 +35,7 @@ READ = 1 << 20  # streaming read size
 WORKERS = 4  # blobs in flight at once (hashlib and socket I/O release the GIL)
 CONNECT_TIMEOUT = 10
 BACKOFF = 0.25
-SIG_TYPE = signature.SIGSTORE_BUNDLE_MEDIA_TYPE
+SIG_TYPE = mediatypes.SIGSTORE_BUNDLE
 MANIFEST_ACCEPT = f"{OCI_MANIFEST}, {OCI_INDEX}"
 
 

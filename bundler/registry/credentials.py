@@ -7,15 +7,17 @@ never appears in a repr, a message or a log line.
 
 from __future__ import annotations
 
+__all__ = ["Credentials", "PASSWORD_ENV", "USER_ENV", "docker_config_path", "login", "logout", "lookup"]
+
 import base64
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bundler.format import boundedjson
+from bundler.format.atomicfile import write_atomically
 from core.errors import BundleError
 
 USER_ENV = "BUNDLE_REGISTRY_USER"
@@ -121,16 +123,7 @@ def _read_config(path: Path) -> dict:
 def _write_config(path: Path, config: dict) -> None:
     """Replace config.json atomically, readable by its owner only (it holds a password)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config.json.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(config, f, indent="\t")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, json.dumps(config, indent="\t").encode(), 0o600)
 
 
 def login(registry: str, username: str, password: str) -> Path:

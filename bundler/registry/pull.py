@@ -9,6 +9,8 @@ and tagged, under the store lock. Any failure leaves the store as it was.
 
 from __future__ import annotations
 
+__all__ = ["pull"]
+
 import fcntl
 import hashlib
 import os
@@ -25,13 +27,15 @@ import requests
 import urllib3
 
 from bundler.format import boundedjson
-from bundler.format.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, sha256_digest
+from bundler.format.manifest import Descriptor, sha256_digest
+from bundler.format import mediatypes
+from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
 from bundler.registry.client import (
     MANIFEST_ACCEPT, READ, SIG_TYPE, Client, Progress, client_for, failure_reason, fallback_tag, run_all,
 )
 from bundler.store.layout import MAX_JSON_BLOB, Store
 from bundler.store.refs import Ref
-from bundler.trust import recordlimits, releases, runrecord
+from bundler.trust import recordlimits, releases
 from bundler.trust.releases import ROLLBACK_STATE
 from bundler.trust.verify import MAX_SIGNATURES, signed_before_download, verify_bundle
 from core.errors import BundleError
@@ -116,7 +120,7 @@ def remote_records(client: Client, subject: str) -> Records:
     """(manifest descriptor, manifest bytes, its blobs) of each run record of `subject` the registry lists;
     a manifest that is not a record about `subject` is skipped."""
     out = []
-    for ref_desc in referrers(client, subject, runrecord.ARTIFACT_TYPE)[: recordlimits.MAX_CANDIDATES]:
+    for ref_desc in referrers(client, subject, mediatypes.RUN_RECORD)[: recordlimits.MAX_CANDIDATES]:
         what = f"run record {ref_desc.digest[:19]}…"
         if ref_desc.size > recordlimits.MAX_RECORD_BYTES:
             continue  # larger than any record pull keeps: not even read
@@ -127,7 +131,7 @@ def remote_records(client: Client, subject: str) -> Records:
             continue
         if not isinstance(body, dict) or not isinstance(body.get("subject"), dict) or body["subject"].get("digest") != subject:
             continue
-        if body.get("artifactType") != runrecord.ARTIFACT_TYPE:
+        if body.get("artifactType") != mediatypes.RUN_RECORD:
             continue
         layers = body.get("layers")
         if not isinstance(layers, list):
@@ -425,7 +429,7 @@ def _commit(store: Store, tmp: Store, ref: Ref, manifest_desc: Descriptor, signa
         for sig_desc, _ in signatures:
             store.add_untagged(sig_desc, SIG_TYPE)
         for record_desc, _, _ in records:
-            store.add_untagged(record_desc, runrecord.ARTIFACT_TYPE)
+            store.add_untagged(record_desc, mediatypes.RUN_RECORD)
         store.tag(ref, manifest_desc)
         store.write_state(ROLLBACK_STATE, releases.merge(store.state(ROLLBACK_STATE), tmp.state(ROLLBACK_STATE)))
 

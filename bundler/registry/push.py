@@ -7,6 +7,8 @@ tag schema fallback (an image index tagged `sha256-<hex>`).
 
 from __future__ import annotations
 
+__all__ = ["push", "push_records"]
+
 import contextlib
 import hashlib
 import json
@@ -20,7 +22,9 @@ from typing import Any, Callable, Iterator, Mapping
 import requests
 
 from bundler.format import boundedjson
-from bundler.format.manifest import OCI_INDEX, OCI_MANIFEST, Descriptor, go_json, sha256_digest
+from bundler.format.manifest import Descriptor, go_json, sha256_digest
+from bundler.format import mediatypes
+from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
 from bundler.registry.client import READ, SIG_TYPE, Client, Progress, client_for, fallback_tag, run_all
 from bundler.store.layout import Store
 from bundler.store.modelkit import load_modelkit
@@ -258,7 +262,7 @@ def push_records(client: Client, subject: str, records: list[tuple[Descriptor, b
     for desc, data, _ in records:
         resp = _put_manifest(client, desc.digest, data, OCI_MANIFEST, f"push of run record {desc.digest[:19]}…")
         if resp.headers.get("OCI-Subject") != subject:
-            fallback.append({**desc.as_dict(), "artifactType": runrecord.ARTIFACT_TYPE,
+            fallback.append({**desc.as_dict(), "artifactType": mediatypes.RUN_RECORD,
                              "annotations": {runrecord.PREDICATE_ANNOTATION: runrecord.PREDICATE_TYPE}})
     if fallback:
         _update_fallback_index(client, subject, fallback)

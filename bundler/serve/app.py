@@ -9,6 +9,8 @@ FIFO queue. On the llama.cpp engine the worker decodes several requests at once 
 
 from __future__ import annotations
 
+__all__ = ["Engine", "serve_bundle"]
+
 import asyncio
 import collections
 import hmac

@@ -10,6 +10,8 @@ stopped paying requests decode plainly from their first token, with a regular ex
 
 from __future__ import annotations
 
+__all__ = ["BatchWorker"]
+
 import collections
 import queue
 import time

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+__all__ = ["RequestGuard", "ServeLimits", "connection_room", "protocol_class"]
+
 import asyncio
 import ipaddress
 import json

@@ -4,6 +4,8 @@ request at a time (bundler.serve.app) and batched (bundler.serve.batch_worker), 
 
 from __future__ import annotations
 
+__all__ = ["Job", "JobStream"]
+
 import asyncio
 import threading
 import time

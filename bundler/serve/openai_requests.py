@@ -8,6 +8,11 @@ is measured in bytes before it is tokenized: no prompt longer than the context c
 
 from __future__ import annotations
 
+__all__ = [
+    "ApiError", "CompletionRequest", "DEFAULT_MAX_BODY", "check_prompt_bytes", "parse_body", "parse_request",
+    "prompt_byte_limit", "prompt_ids",
+]
+
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping

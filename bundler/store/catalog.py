@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["remove", "rows", "tag"]
+
 import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any

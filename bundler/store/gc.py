@@ -7,11 +7,14 @@ goes when the bundle goes. A kept manifest keeps its config and layers.
 
 from __future__ import annotations
 
+__all__ = ["collect"]
+
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import BundleError
+from bundler.format.mediatypes import RUN_RECORD
 from bundler.store.layout import REF_NAME, Store
 
 
@@ -77,10 +80,8 @@ def collect(store: Store, dry_run: bool = False, drop_records: bool = False) -> 
                 keep(entry)
         untagged = [e for e in entries if REF_NAME not in e.get("annotations", {})]
         if drop_records:
-            from bundler.trust.runrecord import ARTIFACT_TYPE as RECORD_TYPE  # imported late: jsonschema is slow to import
-
-            droppable = [e for e in untagged if e.get("artifactType") == RECORD_TYPE]
-            untagged = [e for e in untagged if e.get("artifactType") != RECORD_TYPE]
+            droppable = [e for e in untagged if e.get("artifactType") == RUN_RECORD]
+            untagged = [e for e in untagged if e.get("artifactType") != RUN_RECORD]
         changed = True
         while changed:  # a referrer of a referrer (an attestation of a signature) is kept too
             changed = False

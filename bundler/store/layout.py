@@ -6,6 +6,8 @@ index.json is replaced last, by rename. A crash or Ctrl-C mid-pack leaves the st
 
 from __future__ import annotations
 
+__all__ = ["MAX_JSON_BLOB", "MAX_STATE", "PRIVATE", "REF_NAME", "Staging", "Store", "default_root"]
+
 import contextlib
 import fcntl
 import hashlib
@@ -18,8 +20,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from bundler.format import boundedjson
+from bundler.format.atomicfile import write_atomically
 from core.errors import BundleError
-from bundler.format.manifest import OCI_MANIFEST, Descriptor, parse_descriptor
+from bundler.format.manifest import Descriptor, parse_descriptor
+from bundler.format.mediatypes import OCI_MANIFEST
 from bundler.store.refs import Ref
 
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -29,6 +33,7 @@ MAX_INDEX = 64 << 20  # index.json lists every tag and signature: larger than on
 # Private state (rollback memory, run history): read whole and parsed, so capped well below what parsing could
 # blow up (JSON of tiny containers costs ~20x its size in memory); a version remembered costs ~90 bytes.
 MAX_STATE = 4 << 20
+FILE_MODE = 0o644  # index.json, oci-layout and state: readable by anyone who may read the store
 
 
 def default_root(option: str | None) -> Path:
@@ -126,9 +131,9 @@ class Store:
         """Create the layout if missing (oci-layout, empty index.json, blobs/sha256)."""
         (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
         if not (self.root / "oci-layout").exists():
-            _atomic_write(self.root / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+            write_atomically(self.root / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}', FILE_MODE)
         if not (self.root / "index.json").exists():
-            _atomic_write(self.root / "index.json", _dump({"schemaVersion": 2, "manifests": []}))
+            write_atomically(self.root / "index.json", _dump({"schemaVersion": 2, "manifests": []}), FILE_MODE)
 
     def private_dir(self, name: str) -> Path:
         path = self.root / PRIVATE / name
@@ -201,7 +206,7 @@ class Store:
         return index
 
     def write_index(self, index: dict[str, Any]) -> None:
-        _atomic_write(self.root / "index.json", _dump(index))
+        write_atomically(self.root / "index.json", _dump(index), FILE_MODE)
 
     def entries(self) -> list[Entry]:
         """Tagged bundles, sorted by reference."""
@@ -271,24 +276,8 @@ class Store:
 
     def write_state(self, name: str, value: dict[str, Any]) -> None:
         self.private_dir("")
-        _atomic_write(self.root / PRIVATE / f"{name}.json", _dump(value))
+        write_atomically(self.root / PRIVATE / f"{name}.json", _dump(value), FILE_MODE)
 
 
 def _dump(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory and rename, so readers see old or new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+__all__ = ["ModelKit", "file_hashes", "load_modelkit", "strip_layer_info"]
+
 import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from core.errors import BundleError
 from bundler.format.kitfile import Kitfile, LayerSpec, kitfile_from_data
-from bundler.format.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, layer_kind, parse_descriptor
+from bundler.format.manifest import Descriptor, parse_descriptor
+from bundler.format.mediatypes import MODELKIT_CONFIG, OCI_MANIFEST, layer_kind
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
-from bundler.format.tarlayer import iter_layer
+from bundler.format.tarread import iter_layer
 
 _LAYER_INFO = ("digest", "diffId")
 

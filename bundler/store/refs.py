@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["Ref", "parse_ref"]
+
 import re
 from dataclasses import dataclass
 

@@ -10,6 +10,8 @@ among them: it depends on the machine that runs the bundle, so it is left to `ru
 
 from __future__ import annotations
 
+__all__ = ["ContentReport", "check_content", "check_stored"]
+
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path

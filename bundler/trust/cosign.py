@@ -21,6 +21,12 @@ itself has no such annotation and no expiry.
 
 from __future__ import annotations
 
+__all__ = [
+    "CosignClaims", "EXPIRES_ANNOTATION", "KIND", "MODEL_SIGNING_KIND", "PREDICATE_TYPE",
+    "SIGNATURE_ANNOTATION", "artifact_annotations", "cosign_hint", "kind_of", "legacy_config", "legacy_payload",
+    "legacy_sign", "legacy_tag", "sign_digest", "verify_digest",
+]
+
 import base64
 import datetime as dt
 import hashlib
@@ -32,14 +38,12 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from bundler.format.mediatypes import SIGSTORE_BUNDLE, SIGSTORE_BUNDLE_TYPES
 from bundler.trust import dsse
 from core.errors import BundleError
 from bundler.trust.keys import PrivateKey, PublicKey
 
 PREDICATE_TYPE = "https://sigstore.dev/cosign/sign/v1"
-BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
-# The same version's older spelling, which cosign and sigstore-go still read.
-BUNDLE_MEDIA_TYPES = (BUNDLE_MEDIA_TYPE, "application/vnd.dev.sigstore.bundle+json;version=0.3")
 CONTENT_ANNOTATION = "dev.sigstore.bundle.content"
 PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"
 CREATED_ANNOTATION = "org.opencontainers.image.created"
@@ -50,10 +54,8 @@ MODEL_SIGNING_KIND = "model-signing"
 
 # The legacy form (cosign before the new bundle format; what policy-controller's key authorities read): an
 # image tagged sha256-<hex>.sig whose layers are simple-signing payloads, each signature in an annotation.
-SIMPLE_SIGNING_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 SIMPLE_SIGNING_TYPE = "cosign container image signature"
-OCI_IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def sign_digest(manifest_digest: str, private_key: PrivateKey, annotations: Mapp
     envelope = dsse.sign_envelope(json.dumps(statement, separators=(",", ":")).encode("utf-8"), private_key)
     del envelope["signatures"][0]["keyid"]  # sigstore-go writes none
     bundle = {
-        "mediaType": BUNDLE_MEDIA_TYPE,
+        "mediaType": SIGSTORE_BUNDLE,
         "verificationMaterial": {"publicKey": {"hint": cosign_hint(private_key)}, "tlogEntries": []},
         "dsseEnvelope": envelope,
     }
@@ -172,8 +174,8 @@ def verify_digest(bundle_json: bytes, trusted: Mapping[str, PublicKey], manifest
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise dsse.invalid(f"cosign signature is not JSON: {err}") from err
     dsse.require_object(bundle, "cosign signature", required={"mediaType", "verificationMaterial", "dsseEnvelope"})
-    if bundle["mediaType"] not in BUNDLE_MEDIA_TYPES:
-        raise dsse.invalid(f"cosign signature mediaType is {bundle['mediaType']!r}, expected {BUNDLE_MEDIA_TYPE}")
+    if bundle["mediaType"] not in SIGSTORE_BUNDLE_TYPES:
+        raise dsse.invalid(f"cosign signature mediaType is {bundle['mediaType']!r}, expected {SIGSTORE_BUNDLE}")
     material = bundle["verificationMaterial"]
     dsse.require_object(material, "verificationMaterial", required={"publicKey"}, optional={"tlogEntries", "timestampVerificationData"})
     public_key = material["publicKey"]

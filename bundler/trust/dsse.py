@@ -14,6 +14,12 @@ Written with `cryptography` directly, so a third party can check an envelope wit
 
 from __future__ import annotations
 
+__all__ = [
+    "Envelope", "STATEMENT_TYPE", "canonical_json", "invalid", "is_sha256_hex", "parse_envelope",
+    "parse_statement", "require_object", "require_signing_key", "sign_envelope", "statement", "trusted_by_id",
+    "verify_signer",
+]
+
 import base64
 import binascii
 import json
@@ -25,10 +31,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from bundler.format.mediatypes import IN_TOTO
 from core.errors import BundleError
 from bundler.trust.keys import PrivateKey, PublicKey, key_id
 
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 
 
@@ -61,7 +67,7 @@ def statement(subject_name: str, subject_sha256: str, predicate_type: str, predi
     }
 
 
-def sign_envelope(payload: bytes, private_key: PrivateKey, keyid: str = "", payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
+def sign_envelope(payload: bytes, private_key: PrivateKey, keyid: str = "", payload_type: str = IN_TOTO) -> dict[str, Any]:
     """The DSSE envelope (a JSON object) signing `payload` with `private_key`: ECDSA P-256 / SHA-256 over the PAE."""
     require_signing_key(private_key)
     signature = private_key.sign(pae(payload_type, payload), ec.ECDSA(hashes.SHA256()))
@@ -75,7 +81,7 @@ def sign_envelope(payload: bytes, private_key: PrivateKey, keyid: str = "", payl
 # ---------------------------------------------------------------- verifying
 
 
-def parse_envelope(envelope: Any, where: str = "dsseEnvelope", payload_type: str = PAYLOAD_TYPE) -> Envelope:
+def parse_envelope(envelope: Any, where: str = "dsseEnvelope", payload_type: str = IN_TOTO) -> Envelope:
     """An envelope's fields, strictly: every key known, exactly one signature, every base64 canonical.
 
     Strict so that any changed byte of the JSON is noticed, even in places the signature does not cover.
@@ -138,7 +144,7 @@ def verify_signer(envelope: Envelope, trusted: Mapping[str, PublicKey], hint: st
 def parse_statement(payload_type: str, payload: bytes, predicate_type: str) -> dict[str, Any]:
     """The in-toto Statement v1 in a payload, with exactly one subject (a name and a sha256 digest) and the
     expected predicateType. The predicate itself is the caller's to check. Errors: signature-invalid."""
-    if payload_type != PAYLOAD_TYPE:
+    if payload_type != IN_TOTO:
         raise invalid(f"DSSE payloadType is {payload_type!r}")
     try:
         value = json.loads(payload)

@@ -6,9 +6,13 @@ model-signing library writes as `verificationMaterial.publicKey.hint`, so ids ag
 
 from __future__ import annotations
 
+__all__ = [
+    "PASSWORD_ENV", "PrivateKey", "PublicKey", "TRUSTED_KEYS_ENV", "generate_keypair", "key_id",
+    "load_private_key", "load_public_key", "trusted_keys",
+]
+
 import hashlib
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bundler.format import boundedjson
+from bundler.format.atomicfile import write_atomically
 from core.errors import BundleError
 
 PRIVATE_KEY_NAME = "bundle.key"
@@ -62,26 +67,14 @@ def generate_keypair(out_dir: Path, password: bytes | None = None) -> tuple[Path
 
 
 def _write_new_file(path: Path, data: bytes, mode: int) -> None:
-    """Create `path` holding `data` with `mode`, atomically, failing if it exists.
-
-    Written to a private temp file first, then hard-linked into place: link() never replaces an
-    existing name, and readers never see a half-written key.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Create `path` holding `data` with `mode`, atomically, failing if it exists: readers never see a
+    half-written key, and an existing key is never replaced."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), mode)  # explicit, so the umask cannot loosen or tighten it
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError as err:
-            raise BundleError("usage", f"{path} already exists; refusing to overwrite a key") from err
-        except OSError as err:
-            raise BundleError("usage", f"cannot write {path}: {err.strerror or err}") from err
-    finally:
-        os.unlink(tmp)
+        write_atomically(path, data, mode, replace=False)
+    except FileExistsError as err:
+        raise BundleError("usage", f"{path} already exists; refusing to overwrite a key") from err
+    except OSError as err:
+        raise BundleError("usage", f"cannot write {path}: {err.strerror or err}") from err
 
 
 def public_key_pem(public_key: PublicKey) -> bytes:

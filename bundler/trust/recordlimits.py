@@ -9,6 +9,8 @@ lists. `push` passes on only what the same rule keeps, so a store never publishe
 
 from __future__ import annotations
 
+__all__ = ["Candidate", "MAX_CANDIDATES", "MAX_RECORDS", "MAX_RECORD_BYTES", "choose", "local"]
+
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -16,6 +18,7 @@ from bundler.trust import runrecord
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor, parse_descriptor
 from bundler.store.layout import Store
+from bundler.store.referrers import find_records
 
 MAX_RECORDS = 32  # per bundle: a serve record per hour for more than a day, or a few dozen runs
 MAX_RECORD_BYTES = 64 << 10  # one record's manifest, config and envelope: a real one is about 3 kB
@@ -83,7 +86,7 @@ def _negated(text: str) -> tuple[int, ...]:
 def local(store: Store, subject: str, trusted: Mapping[str, Any]) -> list[Candidate]:
     """The records of `subject` in the store that a pull of the bundle would keep: intact, within the bounds."""
     found = []
-    for desc in runrecord.find_records(store, subject):
+    for desc in find_records(store, subject):
         try:
             found.append(Candidate(desc, record_blobs(store, desc)))
         except BundleError:

@@ -7,6 +7,10 @@ what verifying the pulled bundle recorded into the store's memory.
 
 from __future__ import annotations
 
+__all__ = [
+    "ROLLBACK_STATE", "check_new_release", "memory", "merge", "remember", "signed_releases", "version_key",
+]
+
 from typing import Any
 
 from bundler.trust import signature

@@ -13,33 +13,35 @@ Prompt and output text are never recorded; with `attest_prompts` only their sha2
 
 from __future__ import annotations
 
+__all__ = [
+    "Context", "PREDICATE_ANNOTATION", "PREDICATE_TYPE", "RecordCheck", "Recorder", "ServeRecords", "Written",
+    "attestations", "check_record", "now", "sign_statement", "store_record",
+]
+
 import contextlib
 import datetime as dt
-import functools
 import hashlib
 import json
 import platform
 import sys
 import threading
-from dataclasses import dataclass, field
-from importlib import metadata, resources
+from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, Mapping
-
-import jsonschema
 
 from bundler.format import boundedjson
 
 from bundler.trust import dsse, keys
 from core.errors import BundleError
-from bundler.format.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json, parse_descriptor
+from bundler.format.manifest import Descriptor, parse_descriptor
+from bundler.format.mediatypes import DSSE_ENVELOPE, OCI_MANIFEST, RUN_RECORD
+from bundler.format.schemacheck import schema_problem
 from bundler.store.layout import Store
+from bundler.store.referrers import find_records, stage_artifact
 
 PREDICATE_TYPE = "https://specbundle.dev/run/v1"
-ARTIFACT_TYPE = "application/vnd.in-toto+json"  # the manifest's artifactType (CONTRACT.md section 5)
-ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"  # the layer: a bare DSSE envelope
 PREDICATE_ANNOTATION = "in-toto.io/predicate-type"
 SCHEMA_NAME = "run-record.schema.json"  # in the `schemas` package
-EMPTY_CONFIG = b"{}"
 
 
 # ---------------------------------------------------------------- what a record says
@@ -156,7 +158,7 @@ def build_statement(ctx: Context, totals: Totals, started: dt.datetime, finished
     if prompts is not None:
         predicate["prompts"] = list(prompts)
     statement = dsse.statement(ctx.ref, ctx.digest.split(":", 1)[1], PREDICATE_TYPE, predicate)
-    problem = schema_problem(statement)
+    problem = schema_problem(SCHEMA_NAME, statement)
     if problem:
         raise BundleError("internal", f"run record does not match {SCHEMA_NAME}: {problem}")
     return statement
@@ -182,22 +184,9 @@ def sign_statement(statement: Mapping[str, Any], private_key: keys.PrivateKey) -
 def store_record(store: Store, subject: Descriptor, envelope: bytes, predicate_type: str = PREDICATE_TYPE) -> Descriptor:
     """Add a signed envelope to the store as an untagged artifact whose subject is the bundle manifest."""
     with store.transaction() as staging:
-        layer = Descriptor(ENVELOPE_MEDIA_TYPE, staging.add_bytes(envelope).digest, len(envelope))
-        config = Descriptor(OCI_EMPTY, staging.add_bytes(EMPTY_CONFIG).digest, len(EMPTY_CONFIG))
-        manifest = go_json(
-            {
-                "schemaVersion": 2,
-                "mediaType": OCI_MANIFEST,
-                "artifactType": ARTIFACT_TYPE,
-                "config": config.as_dict(),
-                "layers": [layer.as_dict()],
-                "subject": subject.as_dict() | {"mediaType": OCI_MANIFEST},
-                "annotations": {PREDICATE_ANNOTATION: predicate_type},
-            }
-        )
-        desc = Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+        desc = stage_artifact(staging, RUN_RECORD, DSSE_ENVELOPE, envelope, subject, {PREDICATE_ANNOTATION: predicate_type})
         staging.commit()
-        store.add_untagged(desc, ARTIFACT_TYPE)
+        store.add_untagged(desc, RUN_RECORD)
     return desc
 
 
@@ -325,23 +314,6 @@ class RecordCheck:
         }
 
 
-def find_records(store: Store, subject_digest: str) -> list[Descriptor]:
-    """Record artifacts in the store whose manifest names `subject_digest` as its subject (not yet verified).
-
-    A manifest that cannot be read is still listed, so that its damage is reported rather than hidden."""
-    found = []
-    for desc in store.untagged(ARTIFACT_TYPE):
-        try:
-            _, manifest = store.read_json_blob(desc)
-        except BundleError:
-            found.append(desc)
-            continue
-        subject = manifest.get("subject") if isinstance(manifest, dict) else None
-        if isinstance(subject, dict) and subject.get("digest") == subject_digest:
-            found.append(desc)
-    return found
-
-
 def check_record(store: Store, desc: Descriptor, subject_digest: str, trusted: Mapping[str, keys.PublicKey]) -> RecordCheck:
     """Verify one record: readable and intact, signed by a trusted key, a run/v1 statement matching the schema,
     about this bundle. The first failure is the reason; never raises for a bad record."""
@@ -358,7 +330,7 @@ def check_record(store: Store, desc: Descriptor, subject_digest: str, trusted: M
             result.statement = boundedjson.loads(envelope.payload, "record statement")  # for display, verified or not
         result.signer = dsse.verify_signer(envelope, trusted, envelope.keyid or None)
         statement = dsse.parse_statement(envelope.payload_type, envelope.payload, PREDICATE_TYPE)
-        problem = schema_problem(statement)
+        problem = schema_problem(SCHEMA_NAME, statement)
         if problem:
             raise BundleError("invalid-bundle", f"record does not match {SCHEMA_NAME}: {problem}")
         signed = "sha256:" + statement["subject"][0]["digest"]["sha256"]
@@ -395,27 +367,10 @@ def _read_envelope(store: Store, desc: Descriptor) -> bytes:
     if not isinstance(layers, list) or len(layers) != 1:
         raise BundleError("invalid-bundle", "record manifest must have exactly one layer")
     layer = parse_descriptor(layers[0], f"record {desc.digest} layer")
-    if layer.media_type != ENVELOPE_MEDIA_TYPE:
-        raise BundleError("invalid-bundle", f"record layer is {layer.media_type!r}, expected {ENVELOPE_MEDIA_TYPE}")
+    if layer.media_type != DSSE_ENVELOPE:
+        raise BundleError("invalid-bundle", f"record layer is {layer.media_type!r}, expected {DSSE_ENVELOPE}")
     try:
         data, _ = store.read_json_blob(layer)
     except BundleError as err:
         raise BundleError(err.code, f"record envelope is damaged: {err.message}") from None
     return data
-
-
-@functools.lru_cache(maxsize=1)
-def _validator() -> jsonschema.protocols.Validator:
-    schema = json.loads(resources.files("schemas").joinpath(SCHEMA_NAME).read_text(encoding="utf-8"))
-    validator_class = jsonschema.validators.validator_for(schema)
-    validator_class.check_schema(schema)
-    return validator_class(schema)
-
-
-def schema_problem(statement: Any) -> str | None:
-    """Why `statement` does not match schemas/run-record.schema.json, or None."""
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(statement))
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path)
-    return error.message + (f" (at {where})" if where else "")

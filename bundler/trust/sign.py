@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["attach_signature", "sign_checked", "sign_modelkit"]
+
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -9,15 +11,15 @@ from typing import Any, Mapping
 from bundler.trust import cosign, keys, signature
 from core.errors import BundleError
 from bundler.trust.contentcheck import check_stored
-from bundler.format.manifest import OCI_EMPTY, OCI_MANIFEST, Descriptor, go_json
+from bundler.format.manifest import Descriptor, go_json
+from bundler.format.mediatypes import OCI_IMAGE_CONFIG, OCI_MANIFEST, SIGSTORE_BUNDLE, SIMPLE_SIGNING
 from bundler.store.modelkit import ModelKit, file_hashes
-from bundler.store.referrers import find_legacy_signatures, find_signatures
+from bundler.store.referrers import find_legacy_signatures, find_signatures, stage_artifact
 from bundler.store.refs import Ref
 from bundler.trust.releases import check_new_release
-from bundler.store.layout import Store
+from bundler.store.layout import Staging, Store
 from bundler.trust.verify import verify_bundle
 
-EMPTY_CONFIG = b"{}"
 DEFAULT_VALID_DAYS = 365
 
 
@@ -66,8 +68,8 @@ def sign_modelkit(
         desc = _stage_artifact(staging, mk, payload, {"dev.sigstore.bundle.content": "dsse-envelope", "dev.sigstore.bundle.predicateType": signature.PREDICATE_TYPE})
         cosign_desc = _stage_artifact(staging, mk, cosign_payload, cosign.artifact_annotations(signature.parse_time(fields["created"])))
         staging.commit()
-        store.add_untagged(desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
-        store.add_untagged(cosign_desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
+        store.add_untagged(desc, SIGSTORE_BUNDLE)
+        store.add_untagged(cosign_desc, SIGSTORE_BUNDLE)
         for old in _own_expired(store, mk.digest, private_key.public_key()):
             if old != desc.digest:  # the new one stays even if it is already expired (--valid-days <= 0)
                 store.remove_manifest(old)
@@ -79,22 +81,9 @@ def sign_modelkit(
     return SignResult(mk.digest, keys.key_id(private_key.public_key()), desc.digest, cosign_desc.digest)
 
 
-def _stage_artifact(staging: Any, mk: ModelKit, payload: bytes, annotations: Mapping[str, str]) -> Descriptor:
+def _stage_artifact(staging: Staging, mk: ModelKit, payload: bytes, annotations: Mapping[str, str]) -> Descriptor:
     """Stage a signature artifact (an OCI referrer of the bundle manifest holding one Sigstore bundle)."""
-    layer = Descriptor(signature.SIGSTORE_BUNDLE_MEDIA_TYPE, staging.add_bytes(payload).digest, len(payload))
-    config = Descriptor(OCI_EMPTY, staging.add_bytes(EMPTY_CONFIG).digest, len(EMPTY_CONFIG))
-    manifest = go_json(
-        {
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "artifactType": signature.SIGSTORE_BUNDLE_MEDIA_TYPE,
-            "config": config.as_dict(),
-            "layers": [layer.as_dict()],
-            "subject": mk.manifest_desc.as_dict() | {"mediaType": OCI_MANIFEST},
-            "annotations": dict(annotations),
-        }
-    )
-    return Descriptor(OCI_MANIFEST, staging.add_bytes(manifest).digest, len(manifest))
+    return stage_artifact(staging, SIGSTORE_BUNDLE, SIGSTORE_BUNDLE, payload, mk.manifest_desc, annotations)
 
 
 def _store_legacy(store: Store, mk: ModelKit, private_key: Any, annotations: Mapping[str, str]) -> Descriptor:
@@ -102,9 +91,9 @@ def _store_legacy(store: Store, mk: ModelKit, private_key: Any, annotations: Map
     an earlier one: the tag holds one image. Its `subject` keeps it with its bundle in `gc`."""
     payload = cosign.legacy_payload(mk.digest, mk.ref.name, annotations)
     with store.transaction() as staging:
-        layer = Descriptor(cosign.SIMPLE_SIGNING_MEDIA_TYPE, staging.add_bytes(payload).digest, len(payload))
+        layer = Descriptor(SIMPLE_SIGNING, staging.add_bytes(payload).digest, len(payload))
         config_bytes = cosign.legacy_config(layer.digest)
-        config = Descriptor(cosign.OCI_IMAGE_CONFIG, staging.add_bytes(config_bytes).digest, len(config_bytes))
+        config = Descriptor(OCI_IMAGE_CONFIG, staging.add_bytes(config_bytes).digest, len(config_bytes))
         manifest = go_json(
             {
                 "schemaVersion": 2,
@@ -118,7 +107,7 @@ def _store_legacy(store: Store, mk: ModelKit, private_key: Any, annotations: Map
         staging.commit()
         for old, _, _ in find_legacy_signatures(store, mk.digest):
             store.remove_manifest(old.digest)
-        store.add_untagged(desc, cosign.SIMPLE_SIGNING_MEDIA_TYPE)
+        store.add_untagged(desc, SIMPLE_SIGNING)
     return desc
 
 
@@ -129,7 +118,7 @@ def attach_signature(store: Store, mk: ModelKit, payload: bytes, annotations: Ma
     with store.transaction() as staging:
         desc = _stage_artifact(staging, mk, payload, annotations)
         staging.commit()
-        store.add_untagged(desc, signature.SIGSTORE_BUNDLE_MEDIA_TYPE)
+        store.add_untagged(desc, SIGSTORE_BUNDLE)
     return desc
 
 

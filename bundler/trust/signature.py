@@ -17,25 +17,25 @@ the runtime does not need, and it is only used as a test cross-check.
 
 from __future__ import annotations
 
-import functools
+__all__ = [
+    "PREDICATE_TYPE", "SignedClaims", "format_time", "named_key", "parse_time", "read_unverified", "sign",
+    "verify",
+]
+
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import resources
 from typing import Any
 
-import jsonschema
-
+from bundler.format.mediatypes import SIGSTORE_BUNDLE
+from bundler.format.schemacheck import schema_problem
 from bundler.trust import dsse
 from core.errors import BundleError
 from bundler.trust.keys import PrivateKey, PublicKey, key_id
 
-SIGSTORE_BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
-STATEMENT_TYPE = dsse.STATEMENT_TYPE
-DSSE_PAYLOAD_TYPE = dsse.PAYLOAD_TYPE
 
 # Top-level paths model_signing leaves out of a directory's hash by default (hashing.Config, ignore_git_paths).
 MODEL_SIGNING_IGNORED = (".git", ".gitattributes", ".github", ".gitignore")
@@ -89,12 +89,12 @@ def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key
         "resources": [{"name": name, "algorithm": "sha256", "digest": files[name]} for name in names],
         "bundle": dict(bundle_fields),
     }
-    problem = _schema_problem(predicate)
+    problem = schema_problem(SCHEMA_NAME, predicate)
     if problem:
         raise BundleError("invalid-bundle", f"cannot sign: {problem}")
     statement = dsse.statement(model_name, _root_digest([files[n] for n in names]), PREDICATE_TYPE, predicate)
     bundle = {
-        "mediaType": SIGSTORE_BUNDLE_MEDIA_TYPE,
+        "mediaType": SIGSTORE_BUNDLE,
         "verificationMaterial": {"publicKey": {"hint": key_id(private_key)}, "tlogEntries": []},
         # model_signing leaves the DSSE keyid empty and names the key in the hint instead.
         "dsseEnvelope": dsse.sign_envelope(_canonical_json(statement), private_key, keyid=""),
@@ -189,8 +189,8 @@ def _parse_envelope(bundle_json: bytes) -> _Envelope:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: a nesting bomb
         raise _invalid(f"signature is not JSON: {err}") from err
     _require_object(bundle, "signature", required={"mediaType", "verificationMaterial", "dsseEnvelope"})
-    if bundle["mediaType"] != SIGSTORE_BUNDLE_MEDIA_TYPE:
-        raise _invalid(f"signature mediaType is {bundle['mediaType']!r}, expected {SIGSTORE_BUNDLE_MEDIA_TYPE}")
+    if bundle["mediaType"] != SIGSTORE_BUNDLE:
+        raise _invalid(f"signature mediaType is {bundle['mediaType']!r}, expected {SIGSTORE_BUNDLE}")
 
     material = bundle["verificationMaterial"]
     _require_object(material, "verificationMaterial", required={"publicKey"}, optional={"tlogEntries"})
@@ -211,7 +211,7 @@ def _claims(payload_type: str, payload: bytes, signer: str) -> SignedClaims:
     subject = statement["subject"][0]
     digest = subject["digest"]
     predicate = statement.get("predicate")
-    problem = _schema_problem(predicate)
+    problem = schema_problem(SCHEMA_NAME, predicate)
     if problem:
         raise _invalid(f"signed predicate: {problem}")
 
@@ -268,19 +268,3 @@ def _model_signing_ignores(name: str) -> str | None:
     if top in MODEL_SIGNING_IGNORED:
         return f"model_signing never hashes top-level {top!r}, so it could not verify this signature"
     return None
-
-
-@functools.lru_cache(maxsize=1)
-def _predicate_validator() -> jsonschema.protocols.Validator:
-    schema = json.loads(resources.files("schemas").joinpath(SCHEMA_NAME).read_text(encoding="utf-8"))
-    validator_class = jsonschema.validators.validator_for(schema)
-    validator_class.check_schema(schema)
-    return validator_class(schema)
-
-
-def _schema_problem(predicate: Any) -> str | None:
-    error = jsonschema.exceptions.best_match(_predicate_validator().iter_errors(predicate))
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path)
-    return f"{error.message}" + (f" (at {where})" if where else "")

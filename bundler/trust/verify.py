@@ -7,6 +7,11 @@ version, listing exactly its files, over this manifest, not expired, not a rollb
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_SIGNATURES", "VerifyReport", "check_expiry", "check_files", "check_layer_roles",
+    "signed_before_download", "verify_bundle",
+]
+
 import datetime as dt
 import os
 import posixpath
@@ -214,7 +219,7 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
     from pathlib import Path
 
     from bundler.format.layerread import TOKENIZER_FILES
-    from bundler.format.tarlayer import iter_layer
+    from bundler.format.tarread import iter_layer
     from bundler.format.metadatacheck import check_tree
     from runner.checks.tokenizer_gate import check_tokenizers  # torch-free
 

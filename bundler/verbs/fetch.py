@@ -11,6 +11,8 @@ file's sha256 against the signed list (no file missing, none extra) before any w
 
 from __future__ import annotations
 
+__all__ = ["fetch", "loaded_dir"]
+
 import contextlib
 import datetime as dt
 import hashlib

@@ -7,6 +7,8 @@ config agreement, the pairing policy): a refused pair leaves nothing behind.
 
 from __future__ import annotations
 
+__all__ = ["init_context", "sanitise_name"]
+
 import json
 import os
 import re

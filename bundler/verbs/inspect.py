@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["inspect_bundle"]
+
 import contextlib
 import posixpath
 import struct
@@ -18,7 +20,7 @@ from bundler.store.modelkit import ModelKit, load_modelkit
 from bundler.store.refs import Ref
 from bundler.store.referrers import find_signatures
 from bundler.store.layout import Store
-from bundler.format.tarlayer import iter_layer
+from bundler.format.tarread import iter_layer
 from bundler.trust.verify import verify_bundle
 
 MAX_METADATA_FILE = 64 << 20

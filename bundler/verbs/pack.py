@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["pack", "pack_checked"]
+
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,11 +12,12 @@ from typing import Callable
 from bundler.trust.contentcheck import ContentReport, check_content
 from core.errors import BundleError
 from bundler.format.kitfile import Kitfile, LayerSpec, load_kitfile
-from bundler.format.manifest import MODELKIT_CONFIG, OCI_MANIFEST, Descriptor, build_config, build_manifest, layer_media_type
+from bundler.format.manifest import Descriptor, build_config, build_manifest
+from bundler.format.mediatypes import MODELKIT_CONFIG, OCI_MANIFEST, layer_media_type
 from bundler.store.refs import Ref
 from bundler.trust.releases import check_new_release, signed_releases
 from bundler.store.layout import Staging, Store
-from bundler.format.tarlayer import LayerResult, write_layer
+from bundler.format.tarwrite import LayerResult, write_layer
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,11 @@ directory, then hand over to the runner, which reads each weight file straight f
 
 from __future__ import annotations
 
+__all__ = [
+    "HISTORY_MAX_BYTES", "HISTORY_STATE", "bench_bundle", "loaded_bundle", "run_bundle", "run_history",
+    "runner_params", "verified_view",
+]
+
 import contextlib
 import tempfile
 import time

@@ -7,6 +7,8 @@ read (and hashed against the signature) straight from the blob by whoever loads 
 
 from __future__ import annotations
 
+__all__ = ["extract_leaving_in_blobs", "extract_verified", "make_writable", "unpack"]
+
 import os
 import shutil
 import tempfile
@@ -18,7 +20,7 @@ from core.errors import BundleError
 from bundler.format.layerread import HashingReader
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
-from bundler.format.tarlayer import TarMember, extract_layer
+from bundler.format.tarread import TarMember, extract_layer
 from bundler.trust.verify import VerifyReport, verify_bundle
 
 

@@ -1,0 +1,53 @@
+"""Every media type and artifact type the bundle format writes or reads, each written once (as KitOps keeps
+its own in pkg/lib/constants/mediaType.go)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DSSE_ENVELOPE", "IN_TOTO", "MODELKIT_ARTIFACT", "MODELKIT_CONFIG", "OCI_EMPTY", "OCI_IMAGE_CONFIG",
+    "OCI_INDEX", "OCI_MANIFEST", "RUN_RECORD", "SIGSTORE_BUNDLE", "SIGSTORE_BUNDLE_TYPES", "SIMPLE_SIGNING",
+    "layer_kind", "layer_media_type",
+]
+
+# OCI image-spec: every manifest we write (bundle, signature, run record) and the lists of manifests (a
+# registry's referrers answer, the referrers tag schema fallback).
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+# The config of an artifact that has none (signatures, run records): the two-byte blob `{}`.
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"
+# The config of cosign's legacy `sha256-<hex>.sig` image, which is an ordinary image.
+OCI_IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+
+# KitOps ModelKit: the manifest's artifactType, its config (the Kitfile as JSON), and one uncompressed tar
+# layer type per kind of Kitfile entry.
+MODELKIT_ARTIFACT = "application/vnd.kitops.modelkit.manifest.v1+json"
+MODELKIT_CONFIG = "application/vnd.kitops.modelkit.config.v1+json"
+LAYER_KINDS = ("model", "modelpart", "code", "dataset", "docs")
+
+# A Sigstore bundle v0.3: the layer of a signature artifact and that artifact's artifactType, for our
+# model-signing signature and the cosign-style one alike.
+SIGSTORE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+# The same version's older spelling, which cosign and sigstore-go still read (so do we; we write the first).
+SIGSTORE_BUNDLE_TYPES = (SIGSTORE_BUNDLE, "application/vnd.dev.sigstore.bundle+json;version=0.3")
+# A layer of cosign's legacy signature image: the simple-signing payload, its signature in an annotation.
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+
+# The DSSE payloadType of an in-toto Statement (every envelope we sign or verify).
+IN_TOTO = "application/vnd.in-toto+json"
+# A run record artifact: its artifactType is the in-toto type (CONTRACT.md section 5), its one layer a bare
+# DSSE envelope.
+RUN_RECORD = IN_TOTO
+DSSE_ENVELOPE = "application/vnd.dsse.envelope.v1+json"
+
+
+def layer_media_type(kind: str) -> str:
+    """The media type of an uncompressed ModelKit layer of `kind` (one of LAYER_KINDS)."""
+    return f"application/vnd.kitops.modelkit.{kind}.v1.tar"
+
+
+def layer_kind(media_type: str) -> str | None:
+    """The kind word of a ModelKit layer media type, or None if it is not one (compressed layers included)."""
+    for kind in LAYER_KINDS:
+        if media_type == layer_media_type(kind):
+            return kind
+    return None
