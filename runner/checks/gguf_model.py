@@ -8,6 +8,11 @@ probe set through both models' own tokenizers.
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_ARRAY", "bundle_format", "check_tokenizers", "estimate_memory", "fingerprint", "gguf_files",
+    "parameters", "preflight", "read_header", "tokenizer_metadata",
+]
+
 import faulthandler
 import hashlib
 import json

@@ -5,6 +5,8 @@ All of it is decided from config.json and safetensors headers, before any weight
 
 from __future__ import annotations
 
+__all__ = ["available_memory", "check_memory", "check_pairing"]
+
 from collections.abc import Mapping
 from pathlib import Path
 
