@@ -2,9 +2,10 @@
 # Decoding benchmarks on the demo pair (after `make demo`): `bundle bench` on the demo bundle, and on a
 # copy whose draft is the untrained initial draft (a draft that does not pay: the guard's case).
 # Writes benchmarks/results/bench-demo.json and bench-untrained.json.
-#   bash benchmarks/decode.sh [bench options, default: --prompts benchmarks/prompts-quick.jsonl --max-new-tokens 256]
+#   bash benchmarks/decode.sh [bench options, default: the quick prompt set, --max-new-tokens 256]
 # The demo bundle runs 3 rounds (speed-ups: medians of the rounds), the untrained one 1 (REPEAT=n, UNTRAINED_REPEAT=n).
-# (prompts-quick.jsonl: 4 chat and 4 code prompts of the 24 held-out ones in runner/bench/prompts.jsonl)
+# (the quick set, benchmarks/quick_prompts.py: every third of the 24 held-out prompts of runner/bench/prompts.jsonl,
+# 4 chat and 4 code)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=.venv/bin/bundle
@@ -12,7 +13,10 @@ WORK=demo/work
 export BUNDLE_HOME=$WORK/store PYTHONWARNINGS=ignore
 KEY=$WORK/keys/bundle.pub
 ARGS=("$@")
-[ ${#ARGS[@]} -gt 0 ] || ARGS=(--prompts benchmarks/prompts-quick.jsonl --max-new-tokens 256)
+if [ ${#ARGS[@]} -eq 0 ]; then
+    .venv/bin/python benchmarks/quick_prompts.py > $WORK/prompts-quick.jsonl
+    ARGS=(--prompts $WORK/prompts-quick.jsonl --max-new-tokens 256)
+fi
 mkdir -p benchmarks/results
 
 $BUNDLE bench smollm2-spec:1.0.0 --key $KEY --json --repeat "${REPEAT:-3}" "${ARGS[@]}" > benchmarks/results/bench-demo.json

@@ -1,6 +1,6 @@
 """Which greedy drafting policy (draft length k, draft_confidence) pays most for a pair on this machine.
 
-    .venv/bin/python benchmarks/draft_policy.py [--ctx demo/work/ctx] [--prompts benchmarks/prompts-quick.jsonl]
+    .venv/bin/python benchmarks/draft_policy.py [--ctx demo/work/ctx] [--prompts FILE.jsonl]
         [--max-new-tokens 256] [--dtype bfloat16] [--threads 2]
 
 Greedy speculation is deterministic: at each position of the target's own output, the draft proposes
@@ -11,7 +11,7 @@ _draft: stop after k tokens, or once the product of the probabilities falls belo
 the measured costs of a draft step and of a verify pass of each length, both through the forward
 `bundle run` uses. Prints one JSON line per policy, best first: tokens per pass, drafted per pass and
 the predicted speed-up over plain decoding. A model of the loop, not a timing of it: `bundle bench`
-measures the chosen policy.
+measures the chosen policy. Without --prompts, the quick set of benchmarks/quick_prompts.py.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from runner.run import eos_ids, runtime_draft, runtime_target  # noqa: E402
 from runner.engines.torch_engine import model_logits, new_cache  # noqa: E402
 from runner.decoding.speculative import generate_plain  # noqa: E402
 from runner.checks.tokenizer_gate import load_spec  # noqa: E402
+from benchmarks.quick_prompts import quick_lines  # noqa: E402
 
 KMAX = 8
 
@@ -107,7 +108,7 @@ def replay(outputs: list[list[int]], records: list[list[list[tuple[int, float]]]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ctx", default=str(ROOT / "demo" / "work" / "ctx"), help="a bundle context: target/, draft/, tokenizer/")
-    ap.add_argument("--prompts", default=str(ROOT / "benchmarks" / "prompts-quick.jsonl"))
+    ap.add_argument("--prompts", help="JSON lines {\"prompt\": ...} [default: the quick set, benchmarks/quick_prompts.py]")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
@@ -122,8 +123,8 @@ def main() -> int:
     target = runtime_target(load_model(ctx / "target", args.dtype, "cpu", role="target"))  # as bundle run runs both
     draft = runtime_draft(load_model(ctx / "draft", args.dtype, "cpu", role="draft"), {"draft_vocab": ids})
     eos = eos_ids(tokenizer, ctx / "target")  # the stop tokens bundle run uses
-    prompts = [prompt_ids(tokenizer, json.loads(line)["prompt"], raw=False)
-               for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    lines = Path(args.prompts).read_text().splitlines() if args.prompts else quick_lines()
+    prompts = [prompt_ids(tokenizer, json.loads(line)["prompt"], raw=False) for line in lines if line.strip()]
     outputs = [generate_plain(target, p, args.max_new_tokens, eos_ids=eos).tokens for p in prompts]
     records = [draft_records(draft, p, o) for p, o in zip(prompts, outputs)]
     verify, draft_cost, step = pass_costs(target, draft)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bundler.trust.keys import key_id, load_public_key  # noqa: E402
 from bundler.store.refs import parse_ref  # noqa: E402
-from bundler.verbs.run import _runner_args, verified_view  # noqa: E402
+from bundler.verbs.run import runner_args, verified_view  # noqa: E402
 from bundler.store.layout import Store  # noqa: E402
 from runner.decoding.settings import thread_count  # noqa: E402
 
@@ -182,7 +182,8 @@ def main() -> None:
     binary = llama_server(args.build) if any(s.startswith("llama") for s in servers) else None
     key = load_public_key(Path(args.key))
     with verified_view(Store(Path(args.store)), parse_ref(args.ref), {key_id(key): key}) as checkout:
-        roles, params = _runner_args(checkout.report)["roles"], _runner_args(checkout.report)["params"]
+        bundle_args = runner_args(checkout.report)
+        roles, params = bundle_args["roles"], bundle_args["params"]
         files = {role: next((checkout.root / roles[role]).glob("*.gguf")) for role in ("target", "draft")}
         threads = thread_count(params)  # the threads bundle serve gives llama.cpp
         ctx_seq = 4096  # the prompt and answer limits of bundle serve (bundler.serve.app) fit in it

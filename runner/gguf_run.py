@@ -4,6 +4,8 @@ generate step (and serve, and bench) takes."""
 
 from __future__ import annotations
 
+__all__ = ["GGUFTokenizer", "NO_BOS_EOS", "load_gguf_pair"]
+
 import time
 from collections.abc import Mapping
 from pathlib import Path

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+__all__ = ["LoadedPair", "TextStream", "gguf_dirs", "prompt_ids"]
+
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path

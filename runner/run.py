@@ -10,6 +10,11 @@ preflight, then the weights; returns a `LoadedPair`) and `generate` (one prompt 
 
 from __future__ import annotations
 
+__all__ = [
+    "eos_ids", "generate", "load_pair", "preflight", "resolve_device", "run_unpacked", "runtime_draft",
+    "runtime_target", "verified_digests", "weight_ranges_at",
+]
+
 import sys
 import time
 from collections.abc import Callable, Mapping

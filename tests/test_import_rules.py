@@ -1,6 +1,6 @@
 """The import rules of the house, read from the source with ast (nothing of the project is imported):
 no cycles among the project's modules, nothing in runner/ imports bundler/, no `from X import _private`
-across modules, and each module of core/ and bundler/ names its public face in __all__."""
+across modules, and each module of core/, bundler/ and runner/ names its public face in __all__."""
 
 from __future__ import annotations
 
@@ -109,10 +109,11 @@ def test_the_rules_see_the_project() -> None:
     assert "bundler.trust.verify" in GRAPH["bundler.cli"] or any(d.startswith("bundler") for d in GRAPH["bundler.cli"])
 
 
-# The public face: each module of core/ and bundler/ names in __all__ what the rest of the project (tests and
-# benchmarks included) takes from it. Private names (tests may reach in) and names a module only imports (a
-# test may patch `module.os`) are not part of it.
-FACED = sorted(m for m, p in MODULES.items() if m.split(".")[0] in ("core", "bundler") and p.name not in ("__init__.py", "__main__.py"))
+# The public face: each module of core/, bundler/ and runner/ names in __all__ what the rest of the project
+# (tests, benchmarks and demo included) takes from it. Private names (tests may reach in) and names a module only
+# imports (a test may patch `module.os`) are not part of it.
+FACED = sorted(m for m, p in MODULES.items()
+               if m.split(".")[0] in ("core", "bundler", "runner") and p.name not in ("__init__.py", "__main__.py"))
 
 
 def top_level(module: str) -> tuple[set[str], set[str] | None]:
@@ -130,9 +131,19 @@ def top_level(module: str) -> tuple[set[str], set[str] | None]:
     return defined, declared
 
 
+def dotted(node: ast.expr) -> str | None:
+    """`a.b.c` for a chain of names and attributes, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
 def taken(path: Path) -> set[tuple[str, str]]:
     """(module, name) for each name this file takes from a module of the project: `from M import name`, or
-    `m.name` where an import bound m to M."""
+    `m.name` where an import bound m to M (`import M as m`, `from P import m`, or `import M` and `M.name`)."""
     tree = ast.parse(path.read_text())
     out, bound = set(), {}
     for node in ast.walk(tree):
@@ -143,18 +154,25 @@ def taken(path: Path) -> set[tuple[str, str]]:
                 elif node.module in MODULES:
                     out.add((node.module, alias.name))
         elif isinstance(node, ast.Import):
-            bound.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name in MODULES})
+            for alias in node.names:
+                if alias.asname and alias.name in MODULES:
+                    bound[alias.asname] = alias.name
+                elif not alias.asname:
+                    head = alias.name.partition(".")[0]
+                    bound.setdefault(head, head)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
-            out.add((bound[node.value.id], node.attr))
+        base = dotted(node.value) if isinstance(node, ast.Attribute) else None
+        if base and base.partition(".")[0] in bound:
+            head, dot, rest = base.partition(".")
+            out.add((bound[head] + dot + rest, node.attr))
     return out
 
 
-def test_every_module_of_core_and_bundler_declares_its_public_face() -> None:
+def test_every_module_of_core_bundler_and_runner_declares_its_public_face() -> None:
     assert [m for m in FACED if top_level(m)[1] is None] == []
 
 
-def test_every_name_taken_from_core_or_bundler_is_in_its_all() -> None:
+def test_every_name_taken_from_core_bundler_or_runner_is_in_its_all() -> None:
     faces = {m: top_level(m) for m in FACED}
     users = [p for d in ("core", "bundler", "runner", "tests", "benchmarks", "demo") for p in (ROOT / d).rglob("*.py")]
     missing = sorted({f"{m}.{name}" for path in users for m, name in taken(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = [
     "HISTORY_MAX_BYTES", "HISTORY_STATE", "bench_bundle", "loaded_bundle", "run_bundle", "run_history",
-    "runner_params", "verified_view",
+    "runner_args", "runner_params", "verified_view",
 ]
 
 import contextlib
@@ -101,7 +101,9 @@ def run_history(store: Store, digest: str) -> Any:
     return RunHistory.from_counts(read().get(key), save)
 
 
-def _runner_args(report: VerifyReport, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def runner_args(report: VerifyReport, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the runner takes from a verified bundle: {"roles": role -> directory, "params": runner_params,
+    "verified_files": the signed file list}, and "weight_ranges" when `weights` (a checkout's) are given."""
     mk = report.modelkit
     assert mk is not None and report.claims is not None
     # The runner hashes each file from the very buffer it loads it from, against the signed list
@@ -130,7 +132,7 @@ def run_bundle(
     with verified_view(store, ref, trusted) as checkout:
         report, checkout_timings = checkout.report, checkout.timings
         result = run_unpacked(checkout.root, prompt=prompt, on_text=on_text, history=run_history(store, report.digest),
-                              **_runner_args(report, checkout.weights), **options)
+                              **runner_args(report, checkout.weights), **options)
     before = checkout_timings["verify_s"] + checkout_timings["extract_s"]
     timings = {**checkout_timings, **result.get("timings", {})}
     timings["first_token_s"] = timings.get("first_token_s", 0.0) + before  # from the start of verification
@@ -157,7 +159,7 @@ def loaded_bundle(
     with verified_view(store, ref, trusted) as checkout:
         # No run history here (runner.decoding.run_history): a server's requests differ more than one user's runs, and
         # its health follows each request's own acceptance.
-        pair = load_pair(checkout.root, context=context, **_runner_args(checkout.report, checkout.weights), **options)
+        pair = load_pair(checkout.root, context=context, **runner_args(checkout.report, checkout.weights), **options)
         yield pair, _bundle_info(ref, checkout.report), checkout.report
 
 
@@ -168,5 +170,5 @@ def bench_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], prompts: li
 
     with verified_view(store, ref, trusted) as checkout:
         result = bench_unpacked(checkout.root, prompts=prompts, history=run_history(store, checkout.report.digest),
-                                **_runner_args(checkout.report, checkout.weights), **options)
+                                **runner_args(checkout.report, checkout.weights), **options)
     return {"bundle": _bundle_info(ref, checkout.report), **result}

@@ -10,6 +10,8 @@ transformers' assisted generation does not run GGUF files.
 
 from __future__ import annotations
 
+__all__ = ["bench_gguf"]
+
 import ctypes
 import statistics
 import time

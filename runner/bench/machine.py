@@ -6,6 +6,8 @@ Numbers from a CPU with AMX (a bf16 verify pass of 5 tokens costs about one step
 
 from __future__ import annotations
 
+__all__ = ["cpu_info", "machine_info"]
+
 import os
 import platform
 from pathlib import Path

@@ -4,6 +4,8 @@ for llama.cpp)."""
 
 from __future__ import annotations
 
+__all__ = ["Run", "break_even_acceptance", "interleaved_rounds", "pooled", "speculation_figures", "timed"]
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence

@@ -4,6 +4,8 @@ by runner.bench.gguf_bench (llama.cpp engine, against llama-cpp-python's own gen
 
 from __future__ import annotations
 
+__all__ = ["bench_unpacked", "bf16_step", "first_difference", "replay"]
+
 import math
 import statistics
 from dataclasses import dataclass, field

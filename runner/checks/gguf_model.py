@@ -8,6 +8,11 @@ probe set through both models' own tokenizers.
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_ARRAY", "bundle_format", "check_tokenizers", "estimate_memory", "fingerprint", "gguf_files",
+    "parameters", "preflight", "read_header", "tokenizer_metadata",
+]
+
 import faulthandler
 import hashlib
 import json
@@ -26,6 +31,7 @@ from typing import Any
 from pathlib import Path
 
 from core.errors import BundleError
+from runner.checks.pairing import PairingPolicy
 
 # The tokenizer metadata that decides which ids a text becomes, compared field by field.
 TOKENIZER_FIELDS = (
@@ -373,8 +379,9 @@ def parameters(header: Mapping) -> int:
 def check_pairing(headers: Mapping[str, Mapping], params: Mapping) -> dict:
     """Same `general.architecture` (unless allow_cross_family), the same vocabulary size (the output
     tensor's rows), and the target at least min_size_ratio times the draft's parameters."""
+    policy = PairingPolicy.from_params(params)
     arch = {role: headers[role]["metadata"].get("general.architecture", "unknown") for role in ("target", "draft")}
-    if arch["target"] != arch["draft"] and not params.get("allow_cross_family", False):
+    if arch["target"] != arch["draft"] and not policy.allow_cross_family:
         raise BundleError("model-family", f"target is {arch['target']}, draft is {arch['draft']}: different model "
                           "families (set speculative.allow_cross_family in the Kitfile to allow)")
     vocab = {role: (headers[role]["tensors"].get("token_embd.weight", ((0,), 0))[0] or (0,))[-1] for role in arch}
@@ -382,7 +389,7 @@ def check_pairing(headers: Mapping[str, Mapping], params: Mapping) -> dict:
         raise BundleError("model-family", f"target embeds {vocab['target']} tokens, draft {vocab['draft']}")
     counts = {role: parameters(headers[role]) for role in arch}
     ratio = counts["target"] / max(counts["draft"], 1)
-    min_ratio = float(params.get("min_size_ratio", 4))
+    min_ratio = policy.min_size_ratio
     if ratio < min_ratio:
         raise BundleError("size-ratio", f"target has {counts['target']:,} parameters, draft {counts['draft']:,}: "
                           f"ratio {ratio:.2f} < {min_ratio:g} (speculative.min_size_ratio)")

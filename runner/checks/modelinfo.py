@@ -11,6 +11,12 @@ weight files takes those `ranges`; a file on disk is the range of its whole size
 
 from __future__ import annotations
 
+__all__ = [
+    "COMPACT_ARCHITECTURES", "FileRange", "INT_FIELDS", "POSITIVE_FLOAT_FIELDS", "Ranges", "check_dtype",
+    "config_from_dict", "count_parameters", "estimate_memory", "read_config", "read_raw_config",
+    "read_safetensors_header", "rss_bytes", "safetensors_files", "validate_config",
+]
+
 import json
 import math
 import os

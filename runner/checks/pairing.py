@@ -5,7 +5,10 @@ All of it is decided from config.json and safetensors headers, before any weight
 
 from __future__ import annotations
 
+__all__ = ["PairingPolicy", "available_memory", "check_memory", "check_pairing"]
+
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import BundleError
@@ -23,6 +26,23 @@ FAMILY_ALIASES = {
     "llama4_text": "llama4",
     "phi3small": "phi3",
 }
+
+
+@dataclass(frozen=True)
+class PairingPolicy:
+    """The pairing parameters of the Kitfile's model.parameters["speculative"], read here for both pair checks:
+    this module's (safetensors) and runner.checks.gguf_model's (GGUF)."""
+
+    allow_cross_family: bool = False  # target and draft may come from different model families
+    min_size_ratio: float = DEFAULT_MIN_SIZE_RATIO  # target parameters / draft parameters, at least
+
+    @classmethod
+    def from_params(cls, params: Mapping) -> PairingPolicy:
+        """params: the Kitfile's speculative parameters; a key left out is its default."""
+        return cls(
+            allow_cross_family=bool(params.get("allow_cross_family", False)),
+            min_size_ratio=float(params.get("min_size_ratio", DEFAULT_MIN_SIZE_RATIO)),
+        )
 
 
 def human_bytes(n: float) -> str:
@@ -48,7 +68,8 @@ def check_pairing(target_dir: Path, draft_dir: Path, params: Mapping, ranges: Ra
     target_type = read_config(target_dir).get("model_type", "unknown")
     draft_type = read_config(draft_dir).get("model_type", "unknown")
     target_family, draft_family = model_family(target_type), model_family(draft_type)
-    if target_family != draft_family and not params.get("allow_cross_family", False):
+    policy = PairingPolicy.from_params(params)
+    if target_family != draft_family and not policy.allow_cross_family:
         raise BundleError(
             "model-family",
             f"target is {target_type}, draft is {draft_type}: different model families "
@@ -56,7 +77,7 @@ def check_pairing(target_dir: Path, draft_dir: Path, params: Mapping, ranges: Ra
         )
     target_params, draft_params = count_parameters(target_dir, ranges), count_parameters(draft_dir, ranges)
     ratio = target_params / max(draft_params, 1)
-    min_ratio = float(params.get("min_size_ratio", DEFAULT_MIN_SIZE_RATIO))
+    min_ratio = policy.min_size_ratio
     if ratio < min_ratio:
         raise BundleError(
             "size-ratio",

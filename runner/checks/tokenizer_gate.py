@@ -8,6 +8,8 @@ Reads JSON and uses `tokenizers` only; nothing here loads a model.
 
 from __future__ import annotations
 
+__all__ = ["check_config_agrees", "check_tokenizers", "fingerprint", "has_tokenizer_files", "load_spec"]
+
 import hashlib
 import json
 from collections.abc import Mapping

@@ -16,6 +16,8 @@ removed from both contexts at once, and its sequence id is free for the next one
 
 from __future__ import annotations
 
+__all__ = ["BatchedGenerator", "Sequence", "SharedContext", "default_sequences"]
+
 import ctypes
 import time
 from collections.abc import Callable, Iterable

@@ -7,6 +7,11 @@ verdicts in the generation's Stats (`fallback`, `predicted_speedup`).
 
 from __future__ import annotations
 
+__all__ = [
+    "Guard", "LOSS_BUDGET", "LOSS_FLOOR", "PATIENCE", "RETRY_AFTER", "TRIAL_ITERATIONS", "WARMUP_ITERATIONS",
+    "parameter_costs",
+]
+
 import math
 
 from runner.decoding.stats import Stats, best_predicted_speedup

@@ -19,6 +19,8 @@ through `save`.
 
 from __future__ import annotations
 
+__all__ = ["EXPLORE_EVERY", "RunHistory", "UNPAID_RUNS", "machine_key", "with_history"]
+
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any

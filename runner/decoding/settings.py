@@ -4,6 +4,8 @@ caches with it before torch is imported."""
 
 from __future__ import annotations
 
+__all__ = ["DecodingSettings", "cache_tokens", "draft_length", "thread_count"]
+
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass

@@ -10,6 +10,11 @@ with min(1, p/q), else resample from max(p - q, 0) normalised). Before each iter
 
 from __future__ import annotations
 
+__all__ = [
+    "Sampler", "adapt_draft_length", "finish_tokens", "generate_plain", "generate_speculative",
+    "verify_sampled",
+]
+
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass

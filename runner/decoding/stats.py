@@ -8,6 +8,8 @@ too (v target steps, about 1 on a GPU, more on a CPU), so the denominator is k*c
 
 from __future__ import annotations
 
+__all__ = ["Stats", "best_predicted_speedup", "predicted_speedup"]
+
 from dataclasses import dataclass, field
 
 

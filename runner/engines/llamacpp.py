@@ -8,6 +8,8 @@ logits for every position (a verify pass of k + 1 tokens) and the removal of the
 
 from __future__ import annotations
 
+__all__ = ["LlamaCppEngine", "N_BATCH", "load", "open_llama", "version", "vocab_tokenize"]
+
 import contextlib
 import ctypes
 import os

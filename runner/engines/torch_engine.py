@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["TorchEngine", "model_logits", "new_cache"]
+
 import torch
 
 

@@ -20,6 +20,8 @@ BundleError `invalid-bundle`: exit 6 for run, a 400 in serve). The environment m
 
 from __future__ import annotations
 
+__all__ = ["MAX_TEMPLATE_CHARS", "TemplateRefused", "chat_ids", "render"]
+
 import functools
 import json
 import re

@@ -12,6 +12,8 @@ attention, SiLU MLP, default RoPE); tests check its logits against transformers'
 
 from __future__ import annotations
 
+__all__ = ["CompactLlama", "compact_config", "supports", "weights_from_state_dict"]
+
 from types import SimpleNamespace
 
 import torch

@@ -9,6 +9,8 @@ sampling the draft's distribution q is simply 0 there.
 
 from __future__ import annotations
 
+__all__ = ["SubsetHeadDraft", "full_vocab_logits", "head_rows", "read_draft_vocab"]
+
 import json
 from pathlib import Path
 from types import SimpleNamespace

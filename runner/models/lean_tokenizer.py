@@ -21,6 +21,8 @@ A directory transformers itself cannot load is BundleError("invalid-bundle"), no
 
 from __future__ import annotations
 
+__all__ = ["LeanTokenizer", "load_tokenizer"]
+
 import json
 from pathlib import Path
 from typing import Any

@@ -26,6 +26,8 @@ before any weight was read.
 
 from __future__ import annotations
 
+__all__ = ["LOADS", "ModelFiles", "check_weight_files", "load_model", "load_models", "torch_import_bytes"]
+
 import hashlib
 import json
 import mmap
