@@ -132,6 +132,25 @@ def test_a_request_joins_and_leaves_while_a_long_one_decodes(server: Server, sto
     _wait(lambda: _live(server)["active_sequences"] == 0, "the batch to empty", 10)
 
 
+def test_a_request_sharing_an_earlier_ones_prompt_prefix_reuses_its_cells_and_answers_as_bundle_run(server: Server, store: Path,
+                                                                                                    keypair) -> None:
+    from runner.checks.gguf_model import read_header
+    from runner.gguf_run import GGUFTokenizer
+
+    first, second = "the quick brown fox jumps over", "the quick brown fox sleeps in"
+    path = store / "ctx" / "target" / "model.gguf"
+    tokenizer = GGUFTokenizer(path, read_header(path)["metadata"])
+    a, b = (tokenizer.prompt_ids(p, raw=True) for p in (first, second))
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    _complete(server, first, 12)
+    before = server.metrics()[("specbundle_cached_prompt_tokens_total", ())]
+    served = _complete(server, second, 12)
+    assert server.metrics()[("specbundle_cached_prompt_tokens_total", ())] - before >= common > 0
+    ran = run_bundle("run", REF, "--prompt", second, "--raw", "--max-new-tokens", "12", "--key", str(keypair[1]),
+                     "--store", str(store / "store"), "--json", check=True)
+    assert _same_up_to_ties(store, second, json.loads(ran.out)["text"], served, 12)
+
+
 def test_a_client_that_goes_away_frees_its_sequence_at_the_next_step(server: Server) -> None:
     before = server.metrics()[("specbundle_requests_total", (("status", "cancelled"),))]
     body = {"model": REF, "prompt": PROMPTS[2], "max_tokens": 1024, "temperature": 0, "stream": True}

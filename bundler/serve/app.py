@@ -73,6 +73,8 @@ class Metrics:
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
         self.active = Gauge("specbundle_active_sequences", "Requests being decoded now.", registry=r)
         self.sequences = Gauge("specbundle_sequences", "Requests that may be decoded at once.", registry=r)
+        self.cached_prompt = Counter("specbundle_cached_prompt_tokens", "Prompt tokens an earlier request's cache cells "
+                                     "held, not prefilled again.", registry=r)
         self.queue_wait = Histogram("specbundle_queue_wait_seconds", "From enqueue to the start of decoding.", registry=r,
                                     buckets=(0.001, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.request_acceptance = Histogram("specbundle_request_acceptance_rate", "Accepted/drafted of each request that drafted.",

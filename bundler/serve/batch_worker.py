@@ -2,7 +2,9 @@
 
 Requests wait in serve's bounded queue as before; the worker takes one in whenever a sequence id is free
 (at the next step), runs one batched step for every active request, and lets each leave when it is done,
-stopped, over its time limit or cancelled by its client (its cache cells are removed before the next step).
+stopped, over its time limit or cancelled by its client (a cancelled request's cache cells are removed before
+the next step; a finished one's stay as a prefix the next request with the same start reuses, as llama-server
+does: a chat template's preamble, an earlier turn of the conversation).
 Each request keeps its own draft state and guard (runner.decoding.batching); the server remembers, as `bundle run`
 does across runs (runner.decoding.run_history), whether the draft paid in its recent requests, so that once it has
 stopped paying requests decode plainly from their first token, with a regular exploring request.
@@ -47,7 +49,7 @@ class BatchWorker:
                 draft_tokens=pair.draft_tokens, adaptive=bool(params.get("adaptive", True)),
                 draft_confidence=float(params.get("draft_confidence", 0.0)), eos_ids=pair.eos_ids,
                 min_acceptance=float(params.get("min_acceptance", 0.0)), guard=bool(params.get("guard", True)),
-                vocab_size=pair.vocab_size,
+                vocab_size=pair.vocab_size, cache_prompts=True,
             )
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
             raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
@@ -110,6 +112,7 @@ class BatchWorker:
         stream = JobStream(job, engine.pair.tokenizer, engine.metrics)
         s = self.generator.add(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
                                seed=job.seed, on_tokens=stream.on_tokens, start_plain=advice)
+        engine.metrics.cached_prompt.inc(s.cached)
         self.live_jobs[s.seq] = (job, stream, s, advice is not None)
         engine.busy = True
         engine.metrics.active.set(len(self.live_jobs))
