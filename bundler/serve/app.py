@@ -39,6 +39,7 @@ DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens
 HEALTH_WINDOW = 16  # requests in the recent-acceptance window of /health
 REQUEST_TIME_LIMIT_S = 300.0
 STATIC = Path(__file__).with_name("static")
+TEXT_MARK = "\x00text\x00"  # stands for a chunk's text while the rest of the chunk is encoded (no ref holds a NUL)
 # specbundle_requests_total{status}: ok, stopped early by the client (cancelled), over the time limit (timeout),
 # refused by a full queue (rejected), a bad request (invalid), a failure while generating (error).
 STATUSES = ("ok", "cancelled", "timeout", "rejected", "invalid", "error")
@@ -357,15 +358,26 @@ def build_app(engine: Engine, api_key: str | None = None, limits: ServeLimits | 
                     choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
                 return {"id": rid, "object": obj + ".chunk" if chat else obj, "created": now, "model": model_id, "choices": [choice]}
 
+            # Text chunks differ only in their text: the rest is encoded once, not at every token.
+            head, _, tail = json.dumps(chunk(TEXT_MARK, None)).partition(json.dumps(TEXT_MARK))
+
             async def events() -> AsyncIterator[str]:
                 try:
                     if chat:
                         yield f"data: {json.dumps(chunk(None, None, first=True))}\n\n"
                     while True:
                         kind, value = await job.events.get()
+                        texts = []
+                        while kind == "text":  # what came while the last chunk was sent goes in one chunk
+                            texts.append(value)
+                            if job.events.empty():
+                                break
+                            kind, value = job.events.get_nowait()
+                        if texts:
+                            yield f"data: {head}{json.dumps(''.join(texts))}{tail}\n\n"
                         if kind == "text":
-                            yield f"data: {json.dumps(chunk(value, None))}\n\n"
-                        elif kind == "error":
+                            continue
+                        if kind == "error":
                             yield f"data: {json.dumps(value.body())}\n\n"
                             break
                         else:
