@@ -215,21 +215,26 @@ def test_more_sequences_than_the_memory_budget_holds_are_refused_before_the_port
     assert "Traceback" not in result.err
 
 
-def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_from_the_first_token(tmp_path: Path, keypair) -> None:
-    """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
-    random model) falls back in each request; from the fourth request on, the draft does not run at all."""
+def _stranger_store(base: Path, keypair) -> Path:
+    """A store holding a GGUF pair whose draft rarely agrees (another random model), with the guard on."""
     from tests.tinygguf import write_gguf
     from tests.tinymodels import train_tokenizer, write_kitfile, write_tokenizer
 
-    ctx = tmp_path / "ctx"
+    ctx = base / "ctx"
     (ctx / "target").mkdir(parents=True)
     (ctx / "draft").mkdir()
     write_gguf(ctx / "target" / "model.gguf", seed=0, hidden=128, layers=2, logit_scale=3)
     write_gguf(ctx / "draft" / "model.gguf", seed=7, hidden=32, layers=1, heads=2, kv_heads=1, logit_scale=3)
     write_tokenizer(ctx / "tokenizer", train_tokenizer())
     write_kitfile(ctx, speculative={"draft_tokens": 3, "min_acceptance": 0.5})
-    run_bundle("pack", str(ctx), "-t", REF, "--key", str(keypair[0]), "--store", str(tmp_path / "store"), check=True)
-    srv = Server(tmp_path / "store", keypair[1], "--sequences", "2")
+    run_bundle("pack", str(ctx), "-t", REF, "--key", str(keypair[0]), "--store", str(base / "store"), check=True)
+    return base / "store"
+
+
+def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_from_the_first_token(tmp_path: Path, keypair) -> None:
+    """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
+    random model) falls back in each request; from the fourth request on, the draft does not run at all."""
+    srv = Server(_stranger_store(tmp_path, keypair), keypair[1], "--sequences", "2")
     try:
         stats = []
         for prompt in PROMPTS[:4]:
@@ -240,3 +245,29 @@ def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_fr
     for s in stats[:3]:
         assert s["speculative_iterations"] and s["fallback"] and not s["fallback"]["resumed"]
     assert stats[3]["drafted"] == 0 and stats[3]["draft_passes"] == 0 and "did not pay" in stats[3]["fallback"]["reason"]
+
+
+def test_a_server_starts_from_what_bundle_run_found_on_this_machine_and_writes_nothing(tmp_path: Path, keypair) -> None:
+    """The store's run history says the draft did not pay in the last runs here: the first request already
+    decodes plainly from its first token (the draft never runs), and the store's counts stay as they were."""
+    from bundler.store.layout import Store
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.verbs.run import run_history
+    from runner.decoding.run_history import UNPAID_RUNS
+
+    copied = _stranger_store(tmp_path, keypair)
+    digest = load_modelkit(Store(copied), parse_ref(REF)).digest
+    history = run_history(Store(copied), digest)
+    fell_back = {"speculative_iterations": 2, "fallback": {"at_token": 3, "reason": "r", "retries": 0, "resumed": 0}}
+    for _ in range(UNPAID_RUNS):
+        history.record(fell_back, advised=False, seeded=False)
+    counts = history.counts()
+    srv = Server(copied, keypair[1], "--sequences", "1")
+    try:
+        body = {"model": REF, "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
+        stats = httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["specbundle"]["stats"]
+    finally:
+        assert srv.stop() == 0
+    assert stats["drafted"] == 0 and stats["draft_passes"] == 0 and "did not pay" in stats["fallback"]["reason"]
+    assert run_history(Store(copied), digest).counts() == counts

@@ -469,7 +469,7 @@ def serve_bundle(
     import uvicorn
 
     from bundler.verbs.fetch import loaded_dir
-    from bundler.verbs.run import loaded_bundle
+    from bundler.verbs.run import loaded_bundle, run_history
 
     # One thread loads the pair and then decodes with it; the main thread only runs the event loop. Why not
     # load here: the OpenMP pool torch's (libgomp's) first parallel op creates stays with the thread that
@@ -483,10 +483,12 @@ def serve_bundle(
             loaded = loaded_dir(from_dir, trusted, context, **options) if from_dir else loaded_bundle(store, ref, trusted, context, **options)
             with loaded as (pair, info, report):
                 checks = report if from_dir else verify_checks(report)
+                # What `bundle run` found on this machine, read, never written (bundler.serve.batch_worker)
+                runs = None if from_dir else run_history(store, info["digest"]).counts()
                 engine = Engine(pair, info, checks, max_queue, time_limit_s,
                                 on_record=on_record(report, pair) if on_record else None,
                                 batching={"sequences": sequences, "speculate": speculate,
-                                          "memory_budget": options.get("memory_budget")})
+                                          "memory_budget": options.get("memory_budget"), "runs": runs})
                 handoff.put(engine)
                 engine.work()
         except BaseException as exc:  # noqa: BLE001 - a refusal while loading is raised again by the main thread

@@ -7,7 +7,10 @@ the next step; a finished one's stay as a prefix the next request with the same 
 does: a chat template's preamble, an earlier turn of the conversation).
 Each request keeps its own draft state and guard (runner.decoding.batching); the server remembers, as `bundle run`
 does across runs (runner.decoding.run_history), whether the draft paid in its recent requests, so that once it has
-stopped paying requests decode plainly from their first token, with a regular exploring request.
+stopped paying requests decode plainly from their first token, with a rare exploring request. It starts from what
+`bundle run` found for the bundle on this machine (the store's run history, read and never written): a draft that
+does not pay a single stream pays a batch of them even less (each drafted token's share of a pass only grows), so
+a server need not find it out again in its first requests; its own requests then decide, as they come.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class BatchWorker:
     """The batched decoding loop of one serve Engine (its pair, queue and metrics)."""
 
     def __init__(self, engine: Any, sequences: int | None = None, speculate: bool = True,
-                 memory_budget: int | None = None) -> None:
+                 memory_budget: int | None = None, runs: dict[str, int] | None = None) -> None:
+        """runs: the counts of the store's run history for this bundle on this machine (None: start afresh)."""
         pair = engine.pair
         memory, kv = pair.memory, int(pair.memory["kv_cache_bytes"])  # kv: both models' caches of one sequence
         if sequences is None:  # as many KV caches of the full context as fit beside what is loaded
@@ -54,7 +58,7 @@ class BatchWorker:
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
             raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
         self.sequences = sequences
-        self.history = RunHistory()  # this server's requests only: nothing is written
+        self.history = RunHistory.from_counts(runs)  # no save: nothing is written
         self.live_jobs: dict[int, tuple[Job, JobStream, Sequence, bool]] = {}
         self.recent_batches: collections.deque[int] = collections.deque(maxlen=BATCH_WINDOW)
         engine.metrics.sequences.set(sequences)
