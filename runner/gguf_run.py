@@ -30,10 +30,13 @@ class GGUFTokenizer:
         self.metadata = metadata
         self.eos_token_id = metadata.get("tokenizer.ggml.eos_token_id")
         self.special = {i for i, t in enumerate(metadata.get("tokenizer.ggml.token_type") or []) if t == 3}
+        self._pieces = llamacpp.Pieces(self.llm)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """llama-cpp-python's detokenize, byte for byte, from cached pieces: a stream decodes its whole text at
+        every token, and detokenize asks llama.cpp for every token's piece again (O(n) C calls per token)."""
         kept = [i for i in ids if not (skip_special_tokens and i in self.special)]
-        return self.llm.detokenize(kept).decode("utf-8", "replace")
+        return self._pieces.join(kept).decode("utf-8", "replace")
 
     def prompt_ids(self, prompt: str, raw: bool) -> list[int]:
         """Through the file's chat template (tokenizer.chat_template, rendered as transformers does, bounded:

@@ -170,6 +170,54 @@ def test_long_prompts_are_prefilled_in_chunks_and_caught_up_by_the_draft(tmp_pat
     assert [n for _, n in seqs[0].stats.target_calls[:2]] == [512, 700 - 512]  # a batch's worth, then the rest
 
 
+@pytest.mark.parametrize("speculate", [False, True], ids=["plain", "speculative"])
+def test_a_request_sharing_a_finished_ones_prompt_prefix_reuses_its_cells_and_answers_as_afresh(pair, speculate: bool) -> None:
+    """cache_prompts, one id: the second request prefills only what follows the common prefix (in both models'
+    caches), and its tokens are those of a generator that never saw the first request."""
+    target, draft = pair
+    preamble = [300, 301, 302, 303, 304, 305, 306, 307, 308, 309]
+    first, second = preamble + [90, 91, 92], preamble + [261, 223, 83]
+
+    def generator(cache: bool) -> BatchedGenerator:
+        return BatchedGenerator(target, draft if speculate else None, sequences=1, n_ctx_seq=N_CTX, draft_tokens=3,
+                                guard=False, cache_prompts=cache)
+
+    cached = generator(True)
+    cached.run([{"prompt_ids": first, "max_new_tokens": 16}])
+    again = cached.run([{"prompt_ids": second, "max_new_tokens": 16}])[0]
+    fresh = generator(False).run([{"prompt_ids": second, "max_new_tokens": 16}])[0]
+    assert again.cached == len(preamble) and again.stats.target_calls[0] == (len(preamble), 3)
+    assert again.tokens == fresh.tokens and _equal_up_to_ties(target, second, again.tokens, 16)
+    if speculate:
+        assert again.draft_cached == len(preamble) and again.stats.drafted
+
+
+def test_the_same_prompt_again_runs_only_its_last_token(pair) -> None:
+    target, draft = pair
+    generator = BatchedGenerator(target, draft, sequences=1, n_ctx_seq=N_CTX, draft_tokens=3, guard=False, cache_prompts=True)
+    first = generator.run([{"prompt_ids": PROMPTS[2], "max_new_tokens": 10}])[0]
+    again = generator.run([{"prompt_ids": PROMPTS[2], "max_new_tokens": 10}])[0]
+    assert again.cached == len(PROMPTS[2]) - 1 and again.draft_cached == len(PROMPTS[2])
+    assert again.stats.target_calls[0] == (len(PROMPTS[2]) - 1, 1) and again.tokens == first.tokens
+
+
+def test_a_new_request_takes_the_free_id_holding_its_longest_prefix_and_cancelled_cells_are_dropped(pair) -> None:
+    import llama_cpp
+
+    target, _ = pair
+    generator = BatchedGenerator(target, None, sequences=3, n_ctx_seq=N_CTX, cache_prompts=True)
+    a, b = generator.run([{"prompt_ids": PROMPTS[0], "max_new_tokens": 4}, {"prompt_ids": PROMPTS[2], "max_new_tokens": 4}])
+    assert generator.free() == 3 and generator.target.lengths[a.seq] and generator.target.lengths[b.seq]
+    joined = generator.add(PROMPTS[2][:6] + [5, 6], 4)
+    assert joined.seq == b.seq and joined.cached == 6
+    stranger = generator.add([7, 8, 9], 4)  # nothing in common with anyone: the id given back longest ago, or unused
+    assert stranger.seq not in (a.seq, b.seq) and stranger.cached == 0
+    generator.step()
+    generator.cancel(joined)
+    memory = llama_cpp.llama_get_memory(generator.target.ctx)
+    assert llama_cpp.llama_memory_seq_pos_max(memory, joined.seq) == -1 and generator.target.contents[joined.seq] == []
+
+
 def test_default_sequences_fit_the_memory_left() -> None:
     assert default_sequences(100, 1000) == 8  # capped
     assert default_sequences(100, 350) == 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engines.llamacpp import load
+from runner.engines.llamacpp import Pieces, load
 from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinygguf import write_gguf
 
@@ -68,3 +68,16 @@ def test_sampled_first_tokens_follow_the_target_distribution(pair):
     assert 0.5 * (p1 - q1).abs().sum() > 0.3
     for position, exact in enumerate((p1, p2)):
         assert 0.5 * (counts[position] / runs - exact / exact.sum()).abs().sum() < 0.1, position
+
+
+def test_cached_pieces_join_as_llama_cpp_python_detokenizes(pair):
+    """Every token alone, and sequences led by bos or not (with special tokens among them): the same bytes."""
+    target, _, _ = pair
+    llm, pieces = target.llm, Pieces(target.llm)
+    for token in range(target.vocab_size):
+        assert pieces.join([token]) == llm.detokenize([token])
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        ids = torch.randint(0, target.vocab_size, (12,), generator=rng).tolist()
+        for seq in (ids, [llm.token_bos(), *ids]):
+            assert pieces.join(seq) == llm.detokenize(seq)

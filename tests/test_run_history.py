@@ -1,5 +1,6 @@
 """runner.decoding.run_history: after UNPAID_RUNS runs in a row whose draft did not pay, a bundle's runs on this machine
-decode plainly from the first token (the draft never runs), every EXPLORE_EVERY-th run speculates as usual;
+decode plainly from the first token (the draft never runs), every EXPLORE_EVERY-th run speculates as usual, twice as
+rarely after each exploring run that did not pay (up to every EXPLORE_MAX-th);
 seeded sampling is never advised; the counts live in the store's private state, keyed by bundle and machine."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from bundler.store.refs import parse_ref
 from bundler.verbs.run import HISTORY_STATE, run_bundle
 from bundler.store.layout import PRIVATE, Store
 from conftest import run_bundle as run_cli
-from runner.decoding.run_history import EXPLORE_EVERY, UNPAID_RUNS, RunHistory, machine_key
+from runner.decoding.run_history import EXPLORE_EVERY, EXPLORE_MAX, UNPAID_RUNS, RunHistory, machine_key
 from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import make_pair, tiny_llama
 
@@ -23,15 +24,23 @@ FELL_BACK = {"speculative_iterations": 2, "fallback": {"at_token": 3, "reason": 
 PAID = {"speculative_iterations": 20, "fallback": None}
 
 
-def test_runs_start_plain_after_the_unpaid_runs_and_every_eighth_run_speculates() -> None:
+def test_runs_start_plain_after_the_unpaid_runs_and_explore_ever_more_rarely_while_the_draft_does_not_pay() -> None:
     history, advised = RunHistory(), []
-    for _ in range(3 * EXPLORE_EVERY):
+    for _ in range(3 * EXPLORE_MAX + 8):
         advice = history.advice(seeded=False)
         advised.append(advice is not None)
         history.record(FELL_BACK, advised=advice is not None, seeded=False)
     assert advised[:UNPAID_RUNS] == [False] * UNPAID_RUNS
-    assert [i + 1 for i, a in enumerate(advised) if not a] == [1, 2, 3, 8, 16, 24]  # the 8th, 16th, ... explore
-    assert history.runs == 3 * EXPLORE_EVERY and history.unpaid == UNPAID_RUNS + 3
+    # the 8th run explores, then the 16th, 32nd, 64th (the interval doubles), then every 64th
+    assert [i + 1 for i, a in enumerate(advised) if not a] == [1, 2, 3, EXPLORE_EVERY, 16, 32, EXPLORE_MAX, 128, 192]
+    assert history.runs == 3 * EXPLORE_MAX + 8 and history.unpaid == UNPAID_RUNS + 6
+
+
+def test_an_exploring_run_that_pays_ends_the_advice_and_the_next_decision_starts_from_every_eighth() -> None:
+    history = RunHistory(runs=63, unpaid=UNPAID_RUNS + 3)
+    assert history.explore_every() == EXPLORE_MAX and history.advice(seeded=False) is None  # the 64th run explores
+    history.record(PAID, advised=False, seeded=False)
+    assert history.unpaid == 0 and history.explore_every() == EXPLORE_EVERY
 
 
 def test_a_run_that_paid_or_resumed_ends_the_advice_and_short_runs_say_nothing() -> None:

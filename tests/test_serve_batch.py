@@ -132,6 +132,25 @@ def test_a_request_joins_and_leaves_while_a_long_one_decodes(server: Server, sto
     _wait(lambda: _live(server)["active_sequences"] == 0, "the batch to empty", 10)
 
 
+def test_a_request_sharing_an_earlier_ones_prompt_prefix_reuses_its_cells_and_answers_as_bundle_run(server: Server, store: Path,
+                                                                                                    keypair) -> None:
+    from runner.checks.gguf_model import read_header
+    from runner.gguf_run import GGUFTokenizer
+
+    first, second = "the quick brown fox jumps over", "the quick brown fox sleeps in"
+    path = store / "ctx" / "target" / "model.gguf"
+    tokenizer = GGUFTokenizer(path, read_header(path)["metadata"])
+    a, b = (tokenizer.prompt_ids(p, raw=True) for p in (first, second))
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    _complete(server, first, 12)
+    before = server.metrics()[("specbundle_cached_prompt_tokens_total", ())]
+    served = _complete(server, second, 12)
+    assert server.metrics()[("specbundle_cached_prompt_tokens_total", ())] - before >= common > 0
+    ran = run_bundle("run", REF, "--prompt", second, "--raw", "--max-new-tokens", "12", "--key", str(keypair[1]),
+                     "--store", str(store / "store"), "--json", check=True)
+    assert _same_up_to_ties(store, second, json.loads(ran.out)["text"], served, 12)
+
+
 def test_a_client_that_goes_away_frees_its_sequence_at_the_next_step(server: Server) -> None:
     before = server.metrics()[("specbundle_requests_total", (("status", "cancelled"),))]
     body = {"model": REF, "prompt": PROMPTS[2], "max_tokens": 1024, "temperature": 0, "stream": True}
@@ -196,21 +215,26 @@ def test_more_sequences_than_the_memory_budget_holds_are_refused_before_the_port
     assert "Traceback" not in result.err
 
 
-def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_from_the_first_token(tmp_path: Path, keypair) -> None:
-    """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
-    random model) falls back in each request; from the fourth request on, the draft does not run at all."""
+def _stranger_store(base: Path, keypair) -> Path:
+    """A store holding a GGUF pair whose draft rarely agrees (another random model), with the guard on."""
     from tests.tinygguf import write_gguf
     from tests.tinymodels import train_tokenizer, write_kitfile, write_tokenizer
 
-    ctx = tmp_path / "ctx"
+    ctx = base / "ctx"
     (ctx / "target").mkdir(parents=True)
     (ctx / "draft").mkdir()
     write_gguf(ctx / "target" / "model.gguf", seed=0, hidden=128, layers=2, logit_scale=3)
     write_gguf(ctx / "draft" / "model.gguf", seed=7, hidden=32, layers=1, heads=2, kv_heads=1, logit_scale=3)
     write_tokenizer(ctx / "tokenizer", train_tokenizer())
     write_kitfile(ctx, speculative={"draft_tokens": 3, "min_acceptance": 0.5})
-    run_bundle("pack", str(ctx), "-t", REF, "--key", str(keypair[0]), "--store", str(tmp_path / "store"), check=True)
-    srv = Server(tmp_path / "store", keypair[1], "--sequences", "2")
+    run_bundle("pack", str(ctx), "-t", REF, "--key", str(keypair[0]), "--store", str(base / "store"), check=True)
+    return base / "store"
+
+
+def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_from_the_first_token(tmp_path: Path, keypair) -> None:
+    """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
+    random model) falls back in each request; from the fourth request on, the draft does not run at all."""
+    srv = Server(_stranger_store(tmp_path, keypair), keypair[1], "--sequences", "2")
     try:
         stats = []
         for prompt in PROMPTS[:4]:
@@ -221,3 +245,29 @@ def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_fr
     for s in stats[:3]:
         assert s["speculative_iterations"] and s["fallback"] and not s["fallback"]["resumed"]
     assert stats[3]["drafted"] == 0 and stats[3]["draft_passes"] == 0 and "did not pay" in stats[3]["fallback"]["reason"]
+
+
+def test_a_server_starts_from_what_bundle_run_found_on_this_machine_and_writes_nothing(tmp_path: Path, keypair) -> None:
+    """The store's run history says the draft did not pay in the last runs here: the first request already
+    decodes plainly from its first token (the draft never runs), and the store's counts stay as they were."""
+    from bundler.store.layout import Store
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.verbs.run import run_history
+    from runner.decoding.run_history import UNPAID_RUNS
+
+    copied = _stranger_store(tmp_path, keypair)
+    digest = load_modelkit(Store(copied), parse_ref(REF)).digest
+    history = run_history(Store(copied), digest)
+    fell_back = {"speculative_iterations": 2, "fallback": {"at_token": 3, "reason": "r", "retries": 0, "resumed": 0}}
+    for _ in range(UNPAID_RUNS):
+        history.record(fell_back, advised=False, seeded=False)
+    counts = history.counts()
+    srv = Server(copied, keypair[1], "--sequences", "1")
+    try:
+        body = {"model": REF, "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
+        stats = httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["specbundle"]["stats"]
+    finally:
+        assert srv.stop() == 0
+    assert stats["drafted"] == 0 and stats["draft_passes"] == 0 and "did not pay" in stats["fallback"]["reason"]
+    assert run_history(Store(copied), digest).counts() == counts

@@ -41,6 +41,7 @@ DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens
 HEALTH_WINDOW = 16  # requests in the recent-acceptance window of /health
 REQUEST_TIME_LIMIT_S = 300.0
 STATIC = Path(__file__).with_name("static")
+TEXT_MARK = "\x00text\x00"  # stands for a chunk's text while the rest of the chunk is encoded (no ref holds a NUL)
 # specbundle_requests_total{status}: ok, stopped early by the client (cancelled), over the time limit (timeout),
 # refused by a full queue (rejected), a bad request (invalid), a failure while generating (error).
 STATUSES = ("ok", "cancelled", "timeout", "rejected", "invalid", "error")
@@ -75,6 +76,8 @@ class Metrics:
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
         self.active = Gauge("specbundle_active_sequences", "Requests being decoded now.", registry=r)
         self.sequences = Gauge("specbundle_sequences", "Requests that may be decoded at once.", registry=r)
+        self.cached_prompt = Counter("specbundle_cached_prompt_tokens", "Prompt tokens an earlier request's cache cells "
+                                     "held, not prefilled again.", registry=r)
         self.queue_wait = Histogram("specbundle_queue_wait_seconds", "From enqueue to the start of decoding.", registry=r,
                                     buckets=(0.001, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.request_acceptance = Histogram("specbundle_request_acceptance_rate", "Accepted/drafted of each request that drafted.",
@@ -413,14 +416,24 @@ async def _generate(engine: Engine, request: Request, req: serve_requests.Comple
 
 async def _events(job: Job, answer: _Answer, include_usage: bool) -> AsyncIterator[str]:
     """The server-sent events of a streamed answer, from the worker's events."""
+    # Text chunks differ only in their text: the rest is encoded once, not at every token.
+    head, _, tail = json.dumps(answer.chunk(TEXT_MARK, None)).partition(json.dumps(TEXT_MARK))
     try:
         if answer.chat:
             yield f"data: {json.dumps(answer.chunk(None, None, first=True))}\n\n"
         while True:
             kind, value = await job.events.get()
+            texts = []
+            while kind == "text":  # what came while the last chunk was sent goes in one chunk
+                texts.append(value)
+                if job.events.empty():
+                    break
+                kind, value = job.events.get_nowait()
+            if texts:
+                yield f"data: {head}{json.dumps(''.join(texts))}{tail}\n\n"
             if kind == "text":
-                yield f"data: {json.dumps(answer.chunk(value, None))}\n\n"
-            elif kind == "error":
+                continue
+            if kind == "error":
                 yield f"data: {json.dumps(value.body())}\n\n"
                 break
             else:
@@ -519,7 +532,7 @@ def serve_bundle(
     import uvicorn
 
     from bundler.verbs.fetch import loaded_dir
-    from bundler.verbs.run import loaded_bundle
+    from bundler.verbs.run import loaded_bundle, run_history
 
     context = (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS)
 
@@ -528,8 +541,11 @@ def serve_bundle(
 
     def engine_for(pair: Any, info: Mapping[str, Any], report: Any) -> Engine:
         checks = report if from_dir else verify_checks(report)
+        # What `bundle run` found on this machine, read, never written (bundler.serve.batch_worker)
+        runs = None if from_dir else run_history(store, info["digest"]).counts()
         return Engine(pair, info, checks, max_queue, time_limit_s, on_record=on_record(report, pair) if on_record else None,
-                      batching={"sequences": sequences, "speculate": speculate, "memory_budget": options.get("memory_budget")})
+                      batching={"sequences": sequences, "speculate": speculate, "memory_budget": options.get("memory_budget"),
+                                "runs": runs})
 
     engine = _start_worker(load, engine_for)
     limits = limits or ServeLimits(host=host)

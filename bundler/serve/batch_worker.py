@@ -2,10 +2,15 @@
 
 Requests wait in serve's bounded queue as before; the worker takes one in whenever a sequence id is free
 (at the next step), runs one batched step for every active request, and lets each leave when it is done,
-stopped, over its time limit or cancelled by its client (its cache cells are removed before the next step).
+stopped, over its time limit or cancelled by its client (a cancelled request's cache cells are removed before
+the next step; a finished one's stay as a prefix the next request with the same start reuses, as llama-server
+does: a chat template's preamble, an earlier turn of the conversation).
 Each request keeps its own draft state and guard (runner.decoding.batching); the server remembers, as `bundle run`
 does across runs (runner.decoding.run_history), whether the draft paid in its recent requests, so that once it has
-stopped paying requests decode plainly from their first token, with a regular exploring request.
+stopped paying requests decode plainly from their first token, with a rare exploring request. It starts from what
+`bundle run` found for the bundle on this machine (the store's run history, read and never written): a draft that
+does not pay a single stream pays a batch of them even less (each drafted token's share of a pass only grows), so
+a server need not find it out again in its first requests; its own requests then decide, as they come.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ class BatchWorker:
     """The batched decoding loop of one serve Engine (its pair, queue and metrics)."""
 
     def __init__(self, engine: Any, sequences: int | None = None, speculate: bool = True,
-                 memory_budget: int | None = None) -> None:
+                 memory_budget: int | None = None, runs: dict[str, int] | None = None) -> None:
+        """runs: the counts of the store's run history for this bundle on this machine (None: start afresh)."""
         pair = engine.pair
         memory, kv = pair.memory, int(pair.memory["kv_cache_bytes"])  # kv: both models' caches of one sequence
         if sequences is None:  # as many KV caches of the full context as fit beside what is loaded
@@ -45,12 +51,12 @@ class BatchWorker:
         try:
             self.generator = BatchedGenerator(
                 pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens,
-                **pair.settings.loop_args(), eos_ids=pair.eos_ids, vocab_size=pair.vocab_size,
+                **pair.settings.loop_args(), eos_ids=pair.eos_ids, vocab_size=pair.vocab_size, cache_prompts=True,
             )
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
             raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
         self.sequences = sequences
-        self.history = RunHistory()  # this server's requests only: nothing is written
+        self.history = RunHistory.from_counts(runs)  # no save: nothing is written
         self.live_jobs: dict[int, tuple[Job, JobStream, Sequence, bool]] = {}
         self.recent_batches: collections.deque[int] = collections.deque(maxlen=BATCH_WINDOW)
         engine.metrics.sequences.set(sequences)
@@ -108,6 +114,7 @@ class BatchWorker:
         stream = JobStream(job, engine.pair.tokenizer, engine.metrics)
         s = self.generator.add(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
                                seed=job.seed, on_tokens=stream.on_tokens, start_plain=advice)
+        engine.metrics.cached_prompt.inc(s.cached)
         self.live_jobs[s.seq] = (job, stream, s, advice is not None)
         engine.busy = True
         engine.metrics.active.set(len(self.live_jobs))

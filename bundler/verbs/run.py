@@ -157,8 +157,8 @@ def loaded_bundle(
     from runner.run import load_pair  # torch is imported only when a bundle runs
 
     with verified_view(store, ref, trusted) as checkout:
-        # No run history here (runner.decoding.run_history): a server's requests differ more than one user's runs, and
-        # its health follows each request's own acceptance.
+        # The pair gets no run history (runner.decoding.run_history): a server's requests differ more than one user's
+        # runs and write nothing to it; serve reads its counts to start from (bundler.serve.batch_worker).
         pair = load_pair(checkout.root, context=context, **runner_args(checkout.report, checkout.weights), **options)
         yield pair, _bundle_info(ref, checkout.report), checkout.report
 

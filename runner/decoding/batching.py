@@ -10,8 +10,10 @@ tokens they save: with many sequences in a batch a token's share approaches its 
 stop drafting by themselves (docs/serving.md). How llama-server's slots do the same was read, not copied:
 one shared context, a sequence id per slot, the prompt chunked into the same batch as the decoding tokens.
 
-A request joins at the next step (`add`) and leaves when done, stopped or cancelled: its cache cells are
-removed from both contexts at once, and its sequence id is free for the next one.
+A request joins at the next step (`add`) and leaves when done, stopped or cancelled: its sequence id is free
+for the next one. Its cache cells are removed from both contexts at once, or, with `cache_prompts` (as
+llama-server's `cache_prompt`), kept as a prefix: the next request takes the free id whose cells share the
+longest prefix with its prompt, and prefills only the rest (a chat template's system preamble, an earlier turn).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def default_sequences(kv_bytes_per_sequence: int, available_bytes: int, cap: int
 class SharedContext:
     """One llama.cpp context over an engine's loaded model, holding up to `sequences` sequences of
     `n_ctx_seq` tokens each (a KV cache of its own per sequence: kv_unified off, as the sequences share no
-    prefix). The weights are the engine's: nothing is loaded twice."""
+    cells). The weights are the engine's: nothing is loaded twice."""
 
     def __init__(self, engine: LlamaCppEngine, sequences: int, n_ctx_seq: int) -> None:
         import llama_cpp
@@ -69,6 +71,7 @@ class SharedContext:
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
         self.sequences, self.n_ctx_seq, self.vocab_size = sequences, n_ctx_seq, engine.vocab_size
         self.lengths = [0] * sequences  # tokens in each sequence's cache
+        self.contents: list[list[int]] = [[] for _ in range(sequences)]  # those tokens
 
     def close(self) -> None:
         if self._batch is not None:
@@ -108,6 +111,7 @@ class SharedContext:
         out, row = [], 0
         for seq, tokens, all_logits in rows:
             self.lengths[seq] += len(tokens)
+            self.contents[seq] += tokens
             n = (len(tokens) if all_logits else 1) if tokens else 0
             out.append(block[row : row + n] if n else np.empty((0, self.vocab_size), np.float32))
             row += n
@@ -117,6 +121,15 @@ class SharedContext:
         """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
         self._lib.llama_memory_seq_rm(self._memory, seq, n, -1)
         self.lengths[seq] = n
+        del self.contents[seq][n:]
+
+    def common_prefix(self, seq: int, tokens: list[int]) -> int:
+        """How many first tokens of `tokens` the sequence's cache holds already."""
+        held = self.contents[seq]
+        n = min(len(held), len(tokens))
+        if held[:n] == tokens[:n]:
+            return n
+        return next(i for i, (a, b) in enumerate(zip(held, tokens)) if a != b)
 
 
 @dataclass
@@ -132,6 +145,8 @@ class Sequence:
     stats: Stats = field(default_factory=Stats)
     tokens: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens in the target's cache
+    cached: int = 0  # of them, those an earlier request's cells held already (cache_prompts)
+    draft_cached: int = 0  # prompt tokens the draft's cache held already
     last: int | None = None  # the newest token, not yet in the target's cache
     behind: list[int] = field(default_factory=list)  # tokens the draft's cache lacks
     k: int = 1
@@ -156,13 +171,14 @@ class BatchedGenerator:
 
     target, draft: the pair's llama.cpp engines (draft None: plain decoding). sequences: how many may be
     active at once; n_ctx_seq: the tokens one sequence may hold (prompt, new tokens and a draft's look-ahead).
+    cache_prompts: a finished sequence's cells stay as a prefix the next request may reuse (see the module).
     The other settings are generate_speculative's, for every sequence alike.
     """
 
     def __init__(self, target: LlamaCppEngine, draft: LlamaCppEngine | None, *, sequences: int, n_ctx_seq: int,
                  draft_tokens: int = 5, adaptive: bool = True, draft_confidence: float = 0.0,
                  eos_ids: Iterable[int] = (), min_acceptance: float = 0.0, guard: bool = True,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, cache_prompts: bool = False) -> None:
         self.target = SharedContext(target, sequences, n_ctx_seq)
         self.draft = SharedContext(draft, sequences, n_ctx_seq) if draft is not None else None
         sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
@@ -171,6 +187,8 @@ class BatchedGenerator:
         self.draft_tokens, self.adaptive, self.draft_confidence = max(draft_tokens, 1), adaptive, draft_confidence
         self.eos, self.min_acceptance, self.use_guard = set(eos_ids), min_acceptance, guard
         self.slots: list[Sequence | None] = [None] * sequences
+        self.cache_prompts = cache_prompts
+        self._left = [0] * sequences  # when each id was last given back (a count of leavings): the oldest goes first
         self.batch_sizes: list[int] = []  # sequences in each step's target pass (a caller may drain it)
 
     # -- joining and leaving -------------------------------------------------------------------------
@@ -190,7 +208,7 @@ class BatchedGenerator:
         room = cache_tokens(len(prompt_ids), max_new_tokens, self.draft_tokens)
         if room > self.target.n_ctx_seq:
             raise ValueError(f"{room} tokens exceed a sequence's context ({self.target.n_ctx_seq})")
-        seq = self.slots.index(None)  # ValueError when full: the caller checks free() first
+        seq = self._seat(prompt_ids)
         sampler = Sampler(temperature, top_p, seed, torch.device("cpu"), self.vocab_size)
         stats = Stats()
         # A seeded sample must not depend on the clock (nor on the batch): its guard decides on a cost model.
@@ -199,23 +217,41 @@ class BatchedGenerator:
         if guard and start_plain:
             guard.start_plain(start_plain)
         s = Sequence(seq, list(prompt_ids), max_new_tokens, sampler, on_tokens, guard, stats, k=self.draft_tokens)
+        # What the id's cells hold of the prompt stays (nothing without cache_prompts); the target runs at least
+        # the prompt's last token, for the logits of the first new one.
+        s.prefilled = s.cached = min(self.target.common_prefix(seq, s.prompt), len(s.prompt) - 1)
+        self.target.keep(seq, s.cached)
+        if self.draft:
+            s.draft_cached = self.draft.common_prefix(seq, s.prompt)
+            self.draft.keep(seq, s.draft_cached)
         self.slots[seq] = s
         if max_new_tokens <= 0:
             self._leave(s)
         return s
 
-    def _leave(self, s: Sequence) -> None:
+    def _seat(self, prompt: list[int]) -> int:
+        """The free id for a new prompt: the first one, or with cache_prompts the one whose cells share the
+        longest prefix with it (among equals, the one given back longest ago). ValueError when none is free:
+        the caller checks free() first."""
+        if not self.cache_prompts:
+            return self.slots.index(None)
+        free = [seq for seq, s in enumerate(self.slots) if s is None]
+        return max(free, key=lambda seq: (self.target.common_prefix(seq, prompt), -self._left[seq]))
+
+    def _leave(self, s: Sequence, keep_cells: bool = True) -> None:
         s.done = True
         s.stats.new_tokens, s.stats.elapsed_s, s.stats.draft_tokens_final = len(s.tokens), time.perf_counter() - s.started, s.k
-        self.target.keep(s.seq, 0)
-        if self.draft:
-            self.draft.keep(s.seq, 0)
+        if not (self.cache_prompts and keep_cells):
+            self.target.keep(s.seq, 0)
+            if self.draft:
+                self.draft.keep(s.seq, 0)
+        self._left[s.seq] = max(self._left) + 1
         self.slots[s.seq] = None
 
     def cancel(self, s: Sequence) -> None:
-        """Ends a generation now (its client went away): its cells are removed, its id is free."""
+        """Ends a generation now (its client went away, or a step failed): its cells are removed, its id is free."""
         if not s.done:
-            self._leave(s)
+            self._leave(s, keep_cells=False)
 
     # -- one step ------------------------------------------------------------------------------------
     def _pick(self, s: Sequence, logits: np.ndarray) -> tuple[int, torch.Tensor | None]:
@@ -324,7 +360,7 @@ class BatchedGenerator:
         if s.prefilled < len(s.prompt):
             return None
         token, _ = self._pick(s, out)  # the first new token comes with the prompt's last chunk
-        s.last, s.behind = token, [*s.prompt, token]
+        s.last, s.behind = token, [*s.prompt[s.draft_cached :], token]
         return [token]
 
     def _stepped(self, s: Sequence, out: np.ndarray, seconds: float) -> list[int]:

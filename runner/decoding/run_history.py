@@ -7,8 +7,10 @@ every run that the draft does not pay, and finding out costs the draft's prefill
 speculative iteration: about 2.3 target steps a run, 1.6 to 2.4% of a 128-token answer (benchmarks on that
 CPU, in the README). A run of a bundle whose last UNPAID_RUNS runs on this machine all fell back for good
 (the guard switched to plain decoding and no trial resumed speculation) decodes plainly from the first
-token, with no trial, and says so in its `fallback`; every EXPLORE_EVERY-th run speculates as usual, so a
-draft that pays again (other prompts, another machine under the same name, a new engine) is found.
+token, with no trial, and says so in its `fallback`; now and then a run speculates as usual (explores), so a
+draft that pays again (other prompts, another machine under the same name, a new engine) is found: every
+EXPLORE_EVERY-th run at first, every other time more rarely after each exploring run that did not pay either
+(the 8th, 16th, 32nd, 64th run, then every EXPLORE_MAX-th), as an exploring run pays what finding out costs.
 
 What is remembered is keyed by the bundle's digest, the CPU model and its core count; it holds counts only
 (no prompt, no output). Greedy output is the same either way (the decoding is lossless); seeded sampling is
@@ -19,14 +21,15 @@ through `save`.
 
 from __future__ import annotations
 
-__all__ = ["EXPLORE_EVERY", "RunHistory", "UNPAID_RUNS", "machine_key", "with_history"]
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MAX", "RunHistory", "UNPAID_RUNS", "machine_key", "with_history"]
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 UNPAID_RUNS = 3  # runs in a row in which the draft did not pay, before runs start plain
-EXPLORE_EVERY = 8  # then every this many runs speculates as usual
+EXPLORE_EVERY = 8  # then every this many runs speculates as usual; twice as rarely after each one that did not pay
+EXPLORE_MAX = 64  # but at least every this many runs
 
 
 def machine_key(bundle_digest: str) -> str:
@@ -57,12 +60,17 @@ class RunHistory:
     def counts(self) -> dict[str, int]:
         return {"runs": self.runs, "unpaid": self.unpaid}
 
+    def explore_every(self) -> int:
+        """Every how many runs one speculates while the draft does not pay: the interval doubles with each
+        exploring run that did not pay (each counts as one more unpaid run), up to EXPLORE_MAX."""
+        return min(EXPLORE_EVERY << max(self.unpaid - UNPAID_RUNS, 0), EXPLORE_MAX)
+
     def advice(self, seeded: bool) -> str | None:
         """Why this run should decode plainly from its first token, or None: speculate as usual."""
-        if seeded or self.unpaid < UNPAID_RUNS or (self.runs + 1) % EXPLORE_EVERY == 0:
+        if seeded or self.unpaid < UNPAID_RUNS or (self.runs + 1) % self.explore_every() == 0:
             return None
         return (f"the draft did not pay in the last {self.unpaid} runs of this bundle on this machine: plain decoding "
-                f"from the first token (every {EXPLORE_EVERY}th run speculates)")
+                f"from the first token (every {self.explore_every()}th run speculates)")
 
     def record(self, stats: Mapping[str, Any], advised: bool, seeded: bool) -> None:
         """One finished run: whether its speculation fell back for good (a run that did not speculate, advised

@@ -8,7 +8,7 @@ logits for every position (a verify pass of k + 1 tokens) and the removal of the
 
 from __future__ import annotations
 
-__all__ = ["LlamaCppEngine", "N_BATCH", "load", "open_llama", "version", "vocab_tokenize"]
+__all__ = ["LlamaCppEngine", "N_BATCH", "Pieces", "load", "open_llama", "version", "vocab_tokenize"]
 
 import contextlib
 import ctypes
@@ -94,6 +94,30 @@ def vocab_tokenize(path: str | Path, texts: list[str]) -> list[list[int]]:
         return out
     finally:
         llama_cpp.llama_model_free(model)
+
+
+class Pieces(dict):
+    """Each token's text piece (bytes) of a loaded model's vocabulary, asked of llama.cpp once per token id;
+    `join` gives what llama-cpp-python's `Llama.detokenize` gives for the same ids."""
+
+    def __init__(self, llm) -> None:  # llm: llama_cpp.Llama
+        import llama_cpp
+
+        super().__init__()
+        self._lib, self._vocab, self.bos = llama_cpp, llama_cpp.llama_model_get_vocab(llm.model), llm.token_bos()
+        self._buffer = (ctypes.c_char * 32)()
+
+    def __missing__(self, token: int) -> bytes:
+        # As LlamaModel.detokenize asks for a piece: a 32-byte buffer, special tokens rendered empty. A piece
+        # longer than the buffer (llama.cpp answers minus its length) comes out empty there, and so here.
+        n = self._lib.llama_token_to_piece(self._vocab, self._lib.llama_token(token), self._buffer, 32, 0, False)
+        piece = self[token] = bytes(self._buffer[:n]) if n >= 0 else b""
+        return piece
+
+    def join(self, tokens: list[int]) -> bytes:
+        text = b"".join(map(self.__getitem__, tokens))
+        # detokenize drops the space a bos-led text begins with (Llama 1 added one at the start of a prompt)
+        return text[1:] if tokens and tokens[0] == self.bos and text[:1] == b" " else text
 
 
 def version() -> str:
