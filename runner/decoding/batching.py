@@ -70,8 +70,7 @@ class SharedContext:
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
         self.sequences, self.n_ctx_seq, self.vocab_size = sequences, n_ctx_seq, engine.vocab_size
-        self.lengths = [0] * sequences  # tokens in each sequence's cache
-        self.contents: list[list[int]] = [[] for _ in range(sequences)]  # those tokens
+        self.contents: list[list[int]] = [[] for _ in range(sequences)]  # the tokens in each sequence's cache
 
     def close(self) -> None:
         if self._batch is not None:
@@ -83,6 +82,15 @@ class SharedContext:
         if getattr(self, "_batch", None) is not None:
             self.close()
 
+    def length(self, seq: int) -> int:
+        """Tokens in a sequence's cache."""
+        return len(self.contents[seq])
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens in each sequence's cache."""
+        return [len(held) for held in self.contents]
+
     def decode(self, rows: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
         """One llama_decode of rows (sequence, tokens, all_logits) appended to their sequences' caches (at
         most N_BATCH tokens in all); returns each row's logits: (len(tokens), V), or (1, V) for its last.
@@ -91,7 +99,7 @@ class SharedContext:
         batch, lib = self._batch, self._lib
         i = 0
         for seq, tokens, all_logits in rows:
-            start = self.lengths[seq]
+            start = self.length(seq)
             if start + len(tokens) > self.n_ctx_seq:
                 raise ValueError(f"{start + len(tokens)} tokens exceed a sequence's context ({self.n_ctx_seq})")
             for j, token in enumerate(tokens):
@@ -110,7 +118,6 @@ class SharedContext:
                                       shape=(outputs, self.vocab_size)) if outputs else None
         out, row = [], 0
         for seq, tokens, all_logits in rows:
-            self.lengths[seq] += len(tokens)
             self.contents[seq] += tokens
             n = (len(tokens) if all_logits else 1) if tokens else 0
             out.append(block[row : row + n] if n else np.empty((0, self.vocab_size), np.float32))
@@ -120,7 +127,6 @@ class SharedContext:
     def keep(self, seq: int, n: int) -> None:
         """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
         self._lib.llama_memory_seq_rm(self._memory, seq, n, -1)
-        self.lengths[seq] = n
         del self.contents[seq][n:]
 
     def common_prefix(self, seq: int, tokens: list[int]) -> int:
@@ -366,7 +372,7 @@ class BatchedGenerator:
     def _stepped(self, s: Sequence, out: np.ndarray, seconds: float) -> list[int]:
         stats = s.stats
         token, _ = self._pick(s, out)
-        stats.target_calls.append((self.target.lengths[s.seq] - 1, 1))
+        stats.target_calls.append((self.target.length(s.seq) - 1, 1))
         stats.record_step(seconds)
         s.last = token
         s.behind.append(token)
@@ -384,12 +390,12 @@ class BatchedGenerator:
         else:
             n, last, new = verify_sampled(torch.from_numpy(out), drafts, q, s.sampler)
             token = int(last)
-        before = self.target.lengths[s.seq] - kk - 1
+        before = self.target.length(s.seq) - kk - 1
         stats.target_calls.append((before, kk + 1))
         stats.record_iteration(kk, n, s._draft_s, seconds, catch_up=s._draft_catch_up)
         if n < kk:  # roll both caches back to the accepted prefix
             self.target.keep(s.seq, before + 1 + n)
-            self.draft.keep(s.seq, self.draft.lengths[s.seq] - (kk - 1 - n))
+            self.draft.keep(s.seq, self.draft.length(s.seq) - (kk - 1 - n))
             s.behind = [token]
         else:  # all accepted: the draft has not run its own last token yet
             s.behind = [drafted[-1], token]
