@@ -9,7 +9,9 @@
 - per configuration: aggregate tokens/s (all completion tokens over the wall time), time to first token
   p50/p99, inter-token latency p50/p99 (the gaps between streamed pieces of text, over the tokens in them);
 - four servers: `bundle serve` with its draft (the bundle as shipped), `bundle serve --no-draft` (its own
-  plain serving), `llama-server -np N`, and `llama-server -np N` with the draft (`--spec-type draft-simple`).
+  plain serving), `llama-server -np N`, and `llama-server -np N` with the draft (`--spec-type draft-simple`);
+  and on request (`--servers`) `bundle-1`, `bundle serve --sequences 1` (one request at a time, requests
+  queue: what batching gains). A safetensors bundle (torch) runs with the bundle servers only.
 
 The servers take turns within each round and concurrency, so a drift of a shared machine's speed falls on
 all alike; only one server runs at a time.
@@ -184,15 +186,18 @@ def main() -> None:
     with verified_view(Store(Path(args.store)), parse_ref(args.ref), {key_id(key): key}) as checkout:
         bundle_args = runner_args(checkout.report)
         roles, params = bundle_args["roles"], bundle_args["params"]
-        files = {role: next((checkout.root / roles[role]).glob("*.gguf")) for role in ("target", "draft")}
+        files = {role: next((checkout.root / roles[role]).glob("*.gguf"), None) for role in ("target", "draft")}
+        if binary and not all(files.values()):
+            raise SystemExit(f"{args.ref} is not a GGUF bundle: llama-server cannot serve it (--servers bundle,bundle-1)")
         threads = thread_count(params)  # the threads bundle serve gives llama.cpp
         ctx_seq = 4096  # the prompt and answer limits of bundle serve (bundler.serve.app) fit in it
 
         def start(name: str, clients: int) -> Process:
             port = _port()
             if name.startswith("bundle"):
+                sequences = 1 if name == "bundle-1" else max(levels)
                 argv = [sys.executable, "-m", "bundler", "serve", args.ref, "--store", args.store, "--key", args.key,
-                        "--port", str(port), "--sequences", str(max(levels)), "--max-queue", "64"]
+                        "--port", str(port), "--sequences", str(sequences), "--max-queue", "64"]
                 return Process(argv + (["--no-draft"] if name == "bundle-plain" else []), port, {"PYTHONPATH": str(ROOT)})
             argv = [str(binary), "-m", str(files["target"]), "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
                     "-tb", str(threads), "-np", str(clients), "-c", str(ctx_seq * clients), "-b", "512", "-ub", "512",
@@ -252,6 +257,9 @@ def main() -> None:
         if "bundle" in servers and "bundle-plain" in servers:
             ratios["bundle_over_bundle_plain_tps"] = [b["tokens_per_second"] / p["tokens_per_second"] for b, p in
                                                       zip(results["bundle"][str(clients)], results["bundle-plain"][str(clients)])]
+        if "bundle" in servers and "bundle-1" in servers:
+            ratios["bundle_over_bundle_1_tps"] = [b["tokens_per_second"] / q["tokens_per_second"] for b, q in
+                                                  zip(results["bundle"][str(clients)], results["bundle-1"][str(clients)])]
         if "llama-draft" in servers and "llama" in servers:
             ratios["llama_draft_over_llama_tps"] = [d["tokens_per_second"] / l["tokens_per_second"] for d, l in
                                                     zip(results["llama-draft"][str(clients)], results["llama"][str(clients)])]

@@ -1,14 +1,17 @@
-"""Continuous batching on the llama.cpp engine (runner.decoding.batching): several generations in one llama.cpp context,
-one sequence id each, on a tiny GGUF pair written by the test (tests/tinygguf.py). A request's output does not
-depend on what else is in the batch: greedy equals its single-request greedy; sampling follows the target."""
+"""Continuous batching (runner.decoding.batching): several generations in one context, one sequence id each, on
+both engines: a tiny GGUF pair written by the test (tests/tinygguf.py) on llama.cpp, and a tiny Llama pair made
+here on torch (runner.models.compact_llama's batched forward). A request's output does not depend on what else is
+in the batch: greedy equals its single-request greedy; sampling follows the target."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runner.decoding.batching import BatchedGenerator, default_sequences
+from runner.decoding.batching import BatchedGenerator, TorchSharedContext, default_sequences
+from runner.engines import as_engine
 from runner.engines.llamacpp import load
+from runner.models.compact_llama import CompactLlama
 from runner.decoding.speculative import generate_plain
 from tests.tinygguf import write_gguf
 
@@ -22,8 +25,33 @@ N_CTX = 256
 TIE = 1e-3
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+def _torch_llama(seed: int, layers: int, hidden: int = 128, heads: int = 4, kv_heads: int = 2, vocab: int = 400,
+                 std: float = 0.3, logit_scale: float = 3.0, like: torch.nn.Module | None = None) -> torch.nn.Module:
+    """A random tiny Llama for the torch engine, drawn as tests/tinygguf.py draws its GGUF files (normal weights of
+    `std`, unit norms, the output layer logit_scale times larger); `like`: take its weights where the shapes
+    match (a layer-skip draft of it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096)
+    model = LlamaForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("norm.weight"):
+                continue
+            tensor.copy_(torch.randn(tensor.shape, generator=generator) * std * (logit_scale if name == "lm_head.weight" else 1))
+        if like is not None:
+            model.load_state_dict({k: v for k, v in like.state_dict().items() if k in model.state_dict()})
+    return model
+
+
+@pytest.fixture(scope="module", params=["llama.cpp", "torch"])
+def pair(request, tmp_path_factory):
+    if request.param == "torch":
+        target = _torch_llama(0, layers=2)
+        # the target's own first layer (a layer-skip draft): it agrees often, not always
+        return CompactLlama(target), CompactLlama(_torch_llama(0, layers=1, like=target))
     d = tmp_path_factory.mktemp("gguf-batch")
     target = load(write_gguf(d / "target.gguf", seed=0, hidden=128, layers=2, logit_scale=3), n_ctx=N_CTX, threads=1)
     # the target's own first layer (a layer-skip draft): it agrees often, not always
@@ -32,11 +60,24 @@ def pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stranger(tmp_path_factory):
-    """A draft that rarely agrees with the target (another random model)."""
+def stranger(pair, tmp_path_factory):
+    """A draft that rarely agrees with the target (another random model), of the pair's engine."""
+    if isinstance(pair[0], CompactLlama):
+        return CompactLlama(_torch_llama(7, layers=1, hidden=32, heads=2, kv_heads=1))
     path = write_gguf(tmp_path_factory.mktemp("gguf-stranger") / "stranger.gguf", seed=7, hidden=32, layers=1, heads=2,
                       kv_heads=1, logit_scale=3)
     return load(path, n_ctx=N_CTX, threads=1)
+
+
+def _cells_gone(generator: BatchedGenerator, seq: int) -> bool:
+    """No cache cell of the sequence is left in the target's context (llama.cpp), or none is counted (torch:
+    cells past a sequence's length are never read)."""
+    if isinstance(generator.target, TorchSharedContext):
+        return generator.target.contents[seq] == []
+    import llama_cpp
+
+    memory = llama_cpp.llama_get_memory(generator.target.ctx)
+    return llama_cpp.llama_memory_seq_pos_max(memory, seq) == -1 and generator.target.contents[seq] == []
 
 
 def _single(target, prompt: list[int], n: int) -> list[int]:
@@ -45,6 +86,7 @@ def _single(target, prompt: list[int], n: int) -> list[int]:
 
 def _equal_up_to_ties(target, prompt: list[int], got: list[int], n: int) -> bool:
     """got equals the single request's greedy output, or leaves it first where the two tokens tie (TIE)."""
+    target = as_engine(target)
     expected = _single(target, prompt, n)
     i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
     if i is None:
@@ -87,8 +129,6 @@ def test_requests_join_and_leave_mid_batch_and_their_ids_are_reused(pair) -> Non
 
 
 def test_a_cancelled_sequence_leaves_at_once_and_its_cache_cells_are_removed(pair) -> None:
-    import llama_cpp
-
     target, draft = pair
     generator = BatchedGenerator(target, draft, sequences=2, n_ctx_seq=N_CTX, draft_tokens=2, guard=False)
     stays = generator.add(PROMPTS[0], 16)
@@ -97,8 +137,7 @@ def test_a_cancelled_sequence_leaves_at_once_and_its_cache_cells_are_removed(pai
         generator.step()
     assert generator.target.lengths[leaves.seq] > len(PROMPTS[2])
     generator.cancel(leaves)
-    memory = llama_cpp.llama_get_memory(generator.target.ctx)
-    assert generator.free() == 1 and llama_cpp.llama_memory_seq_pos_max(memory, leaves.seq) == -1
+    assert generator.free() == 1 and _cells_gone(generator, leaves.seq)
     joined = generator.add(PROMPTS[3], 8)  # a new request takes the freed id
     assert joined.seq == leaves.seq
     while generator.active():
@@ -121,8 +160,9 @@ def test_sampled_tokens_follow_the_target_distribution_in_a_batch(pair, stranger
     pass, the second from a verify pass (accepted draft or resampled); both tokens' marginals match the target's
     own softmax within 0.1 total variation, while the draft's second-token distribution is more than 0.3 away."""
     target, _ = pair
-    runs, vocab, prompt = 800, target.vocab_size, PROMPTS[0]
     generator = BatchedGenerator(target, stranger, sequences=8, n_ctx_seq=N_CTX, draft_tokens=2, adaptive=False, guard=False)
+    runs, vocab, prompt = 800, generator.target.vocab_size, PROMPTS[0]
+    target, stranger = as_engine(target), as_engine(stranger)
     seqs = generator.run([{"prompt_ids": prompt, "max_new_tokens": 4, "temperature": 1.0, "seed": seed} for seed in range(runs)])
     # each second token came from a verify pass over two drafts, right after the prompt's pass
     assert all(s.stats.target_calls[1] == (len(prompt), 3) for s in seqs)
@@ -156,12 +196,14 @@ def test_each_sequence_keeps_its_own_guard_and_falls_back_alone(pair, stranger) 
         assert s.stats.fallback is not None and s.stats.plain_steps > s.stats.speculative_iterations
 
 
-def test_long_prompts_are_prefilled_in_chunks_and_caught_up_by_the_draft(tmp_path) -> None:
+def test_long_prompts_are_prefilled_in_chunks_and_caught_up_by_the_draft(pair, tmp_path) -> None:
     """Prompts longer than one batch (512 tokens): the target prefills them over several steps while another
     request decodes, and the draft's first pass over them (more than a batch in all) runs one at a time."""
-    target_file = write_gguf(tmp_path / "target.gguf", seed=0, hidden=128, layers=2, logit_scale=3)
-    target = load(target_file, n_ctx=1024, threads=1)
-    draft = load(write_gguf(tmp_path / "draft.gguf", seed=0, hidden=128, layers=1, logit_scale=3), n_ctx=1024, threads=1)
+    if isinstance(pair[0], CompactLlama):
+        target, draft = pair
+    else:  # llama.cpp engines with room for the long prompts
+        target = load(write_gguf(tmp_path / "target.gguf", seed=0, hidden=128, layers=2, logit_scale=3), n_ctx=1024, threads=1)
+        draft = load(write_gguf(tmp_path / "draft.gguf", seed=0, hidden=128, layers=1, logit_scale=3), n_ctx=1024, threads=1)
     prompts = [[100 + i % 200 for i in range(700)], [50 + i % 150 for i in range(300)], [60 + i % 140 for i in range(320)], PROMPTS[0]]
     generator = BatchedGenerator(target, draft, sequences=4, n_ctx_seq=1024, draft_tokens=3, guard=False)
     seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 12} for p in prompts])
@@ -202,8 +244,6 @@ def test_the_same_prompt_again_runs_only_its_last_token(pair) -> None:
 
 
 def test_a_new_request_takes_the_free_id_holding_its_longest_prefix_and_cancelled_cells_are_dropped(pair) -> None:
-    import llama_cpp
-
     target, _ = pair
     generator = BatchedGenerator(target, None, sequences=3, n_ctx_seq=N_CTX, cache_prompts=True)
     a, b = generator.run([{"prompt_ids": PROMPTS[0], "max_new_tokens": 4}, {"prompt_ids": PROMPTS[2], "max_new_tokens": 4}])
@@ -214,11 +254,32 @@ def test_a_new_request_takes_the_free_id_holding_its_longest_prefix_and_cancelle
     assert stranger.seq not in (a.seq, b.seq) and stranger.cached == 0
     generator.step()
     generator.cancel(joined)
-    memory = llama_cpp.llama_get_memory(generator.target.ctx)
-    assert llama_cpp.llama_memory_seq_pos_max(memory, joined.seq) == -1 and generator.target.contents[joined.seq] == []
+    assert _cells_gone(generator, joined.seq)
 
 
 def test_default_sequences_fit_the_memory_left() -> None:
     assert default_sequences(100, 1000) == 8  # capped
     assert default_sequences(100, 350) == 3
     assert default_sequences(100, 50) == 1  # one always (the preflight already checked one)
+
+
+def test_a_batched_torch_pass_computes_each_row_as_its_sequence_alone() -> None:
+    """One pass of rows of every kind (a prompt chunk into an empty sequence, a single step, a verify pass of 4
+    tokens on top of a cache, a sequence past the others' ends), the rows in no order of sequence id: each row's
+    logits are those of its own tokens run alone through the single-sequence forward (float32: to 1e-5 of the largest)."""
+    model = CompactLlama(_torch_llama(3, layers=2))
+    context = TorchSharedContext(model, sequences=4, n_ctx_seq=64)
+    histories = {0: PROMPTS[2], 1: PROMPTS[0], 3: PROMPTS[4] + PROMPTS[5]}
+    context.decode([(seq, tokens, False) for seq, tokens in histories.items()])
+    rows = [(3, [5], False), (2, PROMPTS[6], True), (0, [7, 8, 9, 10], True), (1, [11], True)]
+    got = context.decode(rows)
+    for (seq, tokens, all_logits), logits in zip(rows, got):
+        cache = model.new_cache()
+        with torch.inference_mode():
+            if histories.get(seq):
+                model(input_ids=torch.tensor([histories[seq]]), cache=cache)
+            alone = model(input_ids=torch.tensor([tokens]), cache=cache).logits[0]
+        expected = alone if all_logits else alone[-1:]
+        assert logits.shape == tuple(expected.shape)
+        assert float((torch.from_numpy(logits) - expected).abs().max()) <= 1e-5 * float(expected.abs().max()), seq
+    assert context.lengths == [len(PROMPTS[2]) + 4, len(PROMPTS[0]) + 1, len(PROMPTS[6]), len(histories[3]) + 1]

@@ -97,7 +97,9 @@ def _pack(base: Path, keypair: tuple[Path, Path], **pair_options) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]):
     """The tiny random pair: its draft rarely agrees, and its Kitfile asks for acceptance >= 0.5."""
     store = _pack(tmp_path_factory.mktemp("serve"), keypair, speculative={"draft_tokens": 3, "min_acceptance": 0.5})
-    srv = Server(store, keypair[1], "--max-queue", "2")
+    # One sequence: a request holds the worker while others queue, as the queue tests here need (a safetensors
+    # bundle batches by default; tests/test_serve_batch.py tests batching).
+    srv = Server(store, keypair[1], "--max-queue", "2", "--sequences", "1")
     yield srv
     srv.stop()
 

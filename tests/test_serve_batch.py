@@ -1,6 +1,7 @@
-"""`bundle serve` of a GGUF bundle with continuous batching, as a real server process on 127.0.0.1: concurrent
-requests decode together and each answer is what it would be alone; requests join and leave mid-batch; a
-client that goes away frees its sequence; the queue bound and 429 hold; SIGTERM lets the open requests finish."""
+"""`bundle serve` with continuous batching, as a real server process on 127.0.0.1: concurrent requests decode
+together and each answer is what it would be alone; requests join and leave mid-batch; a client that goes
+away frees its sequence; the queue bound and 429 hold; SIGTERM lets the open requests finish. A GGUF bundle
+(llama.cpp) throughout; a safetensors bundle (torch, our compact forward) batches as well (the last test)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from conftest import run_bundle
-from tests.test_serve import REF, Server
+from tests.test_serve import REF, Server, _pack
 
 PROMPTS = ["hello there", "what is a draft?", "one two three", "the quick fox", "lossless decoding", "a b c d", "tokens", "why"]
 TIE = 1e-3  # as in tests/test_batching.py: a difference where the single computation's top two logits are this close
@@ -271,3 +272,44 @@ def test_a_server_starts_from_what_bundle_run_found_on_this_machine_and_writes_n
         assert srv.stop() == 0
     assert stats["drafted"] == 0 and stats["draft_passes"] == 0 and "did not pay" in stats["fallback"]["reason"]
     assert run_history(Store(copied), digest).counts() == counts
+
+
+def test_a_safetensors_bundle_decodes_concurrent_requests_in_one_batch_on_torch_each_as_bundle_run(
+        tmp_path: Path, keypair) -> None:
+    """The torch engine batches too (runner.models.compact_llama's batched forward): four concurrent requests of
+    the tiny safetensors pair share steps, and each greedy answer is `bundle run --raw`'s (or parts from it only
+    where the single computation's top two logits tie)."""
+    from transformers import AutoModelForCausalLM
+    from tokenizers import Tokenizer
+
+    store = _pack(tmp_path, keypair, speculative={"draft_tokens": 3})
+    srv = Server(store, keypair[1], "--sequences", "4")
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda p: _complete(srv, p, 16), PROMPTS[:4]))
+        metrics = srv.metrics()
+    finally:
+        assert srv.stop() == 0
+    sizes = {labels: v for (name, labels), v in metrics.items() if name == "specbundle_batch_size_bucket"}
+    assert sizes[(("le", "1.0"),)] < metrics[("specbundle_batch_size_count", ())]  # some steps held several requests
+    assert metrics[("specbundle_sequences", ())] == 4
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ctx" / "target").eval()
+    tokenizer = Tokenizer.from_file(str(tmp_path / "ctx" / "tokenizer" / "tokenizer.json"))
+    for prompt, got in zip(PROMPTS[:4], together):
+        ran = run_bundle("run", REF, "--prompt", prompt, "--raw", "--max-new-tokens", "16", "--key", str(keypair[1]),
+                         "--store", str(store), "--json", check=True)
+        alone = json.loads(ran.out)["text"]
+        if alone == got:
+            continue
+        ids, new = tokenizer.encode(prompt).ids, []  # replayed alone: where do the texts part, and is it a tie?
+        with torch.no_grad():
+            for _ in range(16):
+                logits = model(torch.tensor([ids + new])).logits[0, -1]
+                token = int(logits.argmax())
+                if not got.startswith(tokenizer.decode(new + [token])):
+                    top = torch.topk(logits, 2).values
+                    assert float(top[0] - top[1]) <= TIE * float(logits.abs().max()), (prompt, alone, got)
+                    break
+                new.append(token)
+            else:
+                raise AssertionError((prompt, alone, got))

@@ -2,9 +2,10 @@
 Prometheus metrics (prometheus_client), a health state driven by the acceptance rate, and a status page.
 
 One decoding worker thread owns the models (it loads them too, see _start_worker); requests wait in a bounded
-FIFO queue. On the llama.cpp engine the worker decodes several requests at once in one batch
-(bundler.serve.batch_worker); on the torch engine one at a time. The HTTP side is asyncio: the worker hands text back to the request's event loop with
-`call_soon_threadsafe`.
+FIFO queue. Where the pair's models can decode in a batch (llama.cpp; torch through our compact forward) the
+worker decodes several requests at once (bundler.serve.batch_worker); otherwise (a torch model that runs through
+transformers) one at a time. The HTTP side is asyncio: the worker hands text back to the request's event loop
+with `call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Metrics:
                                      buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
         self.position = Gauge("specbundle_position_acceptance_rate", "Acceptance at each draft position, since start.",
                               ["position"], registry=r)
-        # continuous batching (bundler.serve.batch_worker; the llama.cpp engine)
+        # continuous batching (bundler.serve.batch_worker)
         self.batch_size = Histogram("specbundle_batch_size", "Sequences in each batched target pass.", registry=r,
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
         self.active = Gauge("specbundle_active_sequences", "Requests being decoded now.", registry=r)
@@ -109,8 +110,10 @@ class Engine:
         self.lock = threading.Lock()
         self.loaded = True
         self.worker = threading.current_thread()  # the thread that built the engine runs work()
-        self.batch = None  # continuous batching where the engine has it (bundler.serve.batch_worker)
-        if self.info["engine"] == "llama.cpp":
+        self.batch = None  # continuous batching where the models have it (bundler.serve.batch_worker)
+        from runner.decoding.batching import batchable  # here: it imports torch, which `bundle --help` never needs
+
+        if batchable(pair.target) and (pair.draft is None or batchable(pair.draft)):
             from bundler.serve.batch_worker import BatchWorker
 
             self.batch = BatchWorker(self, **(batching or {}))
@@ -526,9 +529,9 @@ def serve_bundle(
     the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first.
 
     from_dir: a directory `bundle fetch` filled, served instead of `ref` from the store once its evidence and
-    every file's hash hold (bundler.verbs.fetch). sequences: requests decoded at once on the llama.cpp engine
-    (default: as many KV caches as fit, at most 8); speculate False: the target alone there (a baseline for
-    benchmarks/serve_load.py)."""
+    every file's hash hold (bundler.verbs.fetch). sequences: requests decoded at once where the models can decode
+    in a batch (default: as many KV caches as fit, at most 8); speculate False: the target alone there (a
+    baseline for benchmarks/serve_load.py)."""
     import uvicorn
 
     from bundler.verbs.fetch import loaded_dir

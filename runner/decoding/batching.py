@@ -1,6 +1,8 @@
-"""Continuous batching on the llama.cpp engine: many generations share one llama.cpp context per model, one
-sequence id each, and every step decodes one batch holding each active sequence's next token (or its last
-token and its drafted tokens, to verify), plus a chunk of a joining sequence's prompt.
+"""Continuous batching: many generations share one context per model, one sequence id each, and every step
+decodes one batch holding each active sequence's next token (or its last token and its drafted tokens, to
+verify), plus a chunk of a joining sequence's prompt. On llama.cpp (a GGUF pair) the context is a llama.cpp
+context over the loaded model (SharedContext); on torch, a KV cache of many sequences that our compact forward
+runs all rows through at once (TorchSharedContext, runner.models.compact_llama.CompactLlama.forward_rows).
 
 The loop is runner.decoding.speculative's, cut into steps and run for several sequences at once: each sequence keeps
 its own sampler, draft length, statistics and guard (runner.decoding.guard.Guard); the guard judges with the
@@ -18,7 +20,8 @@ longest prefix with its prompt, and prefills only the rest (a chat template's sy
 
 from __future__ import annotations
 
-__all__ = ["BatchedGenerator", "Sequence", "SharedContext", "default_sequences"]
+__all__ = ["BatchedGenerator", "Sequence", "SequenceCells", "SharedContext", "TorchSharedContext", "batchable",
+           "default_sequences", "shared_context"]
 
 import ctypes
 import time
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 
 from runner.engines.llamacpp import N_BATCH, LlamaCppEngine
+from runner.models.compact_llama import CompactLlama
 from runner.decoding.settings import cache_tokens
 from runner.decoding.stats import Stats
 from runner.decoding.guard import Guard, parameter_costs
@@ -45,7 +49,43 @@ def default_sequences(kv_bytes_per_sequence: int, available_bytes: int, cap: int
     return max(1, min(cap, available_bytes // kv_bytes_per_sequence))
 
 
-class SharedContext:
+class SequenceCells:
+    """What a context of many sequences keeps beside their cache cells: the tokens each sequence's cells hold.
+    Its engines' contexts (SharedContext: llama.cpp, TorchSharedContext: torch) add `decode` (rows of
+    (sequence, tokens, all_logits) appended to their sequences in one pass; each row's logits back) and
+    `keep` (a sequence cut to its first n tokens)."""
+
+    def __init__(self, sequences: int, n_ctx_seq: int, vocab_size: int) -> None:
+        self.sequences, self.n_ctx_seq, self.vocab_size = sequences, n_ctx_seq, vocab_size
+        self.contents: list[list[int]] = [[] for _ in range(sequences)]  # the tokens in each sequence's cache
+
+    def length(self, seq: int) -> int:
+        """Tokens in a sequence's cache."""
+        return len(self.contents[seq])
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens in each sequence's cache."""
+        return [len(held) for held in self.contents]
+
+    def common_prefix(self, seq: int, tokens: list[int]) -> int:
+        """How many first tokens of `tokens` the sequence's cache holds already."""
+        held = self.contents[seq]
+        n = min(len(held), len(tokens))
+        if held[:n] == tokens[:n]:
+            return n
+        return next(i for i, (a, b) in enumerate(zip(held, tokens)) if a != b)
+
+    def _check(self, rows: list[tuple[int, list[int], bool]]) -> None:
+        for seq, tokens, _ in rows:
+            if self.length(seq) + len(tokens) > self.n_ctx_seq:
+                raise ValueError(f"{self.length(seq) + len(tokens)} tokens exceed a sequence's context ({self.n_ctx_seq})")
+        total = sum(len(tokens) for _, tokens, _ in rows)
+        if total > N_BATCH:
+            raise ValueError(f"{total} tokens in one batch; at most {N_BATCH}")
+
+
+class SharedContext(SequenceCells):
     """One llama.cpp context over an engine's loaded model, holding up to `sequences` sequences of
     `n_ctx_seq` tokens each (a KV cache of its own per sequence: kv_unified off, as the sequences share no
     cells). The weights are the engine's: nothing is loaded twice."""
@@ -54,6 +94,7 @@ class SharedContext:
         import llama_cpp
         from llama_cpp._utils import suppress_stdout_stderr
 
+        super().__init__(sequences, n_ctx_seq, engine.vocab_size)
         self._lib = llama_cpp
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = sequences * n_ctx_seq
@@ -69,8 +110,6 @@ class SharedContext:
             raise RuntimeError(f"llama.cpp could not create a context for {sequences} sequences of {n_ctx_seq} tokens")
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
-        self.sequences, self.n_ctx_seq, self.vocab_size = sequences, n_ctx_seq, engine.vocab_size
-        self.contents: list[list[int]] = [[] for _ in range(sequences)]  # the tokens in each sequence's cache
 
     def close(self) -> None:
         if self._batch is not None:
@@ -82,33 +121,21 @@ class SharedContext:
         if getattr(self, "_batch", None) is not None:
             self.close()
 
-    def length(self, seq: int) -> int:
-        """Tokens in a sequence's cache."""
-        return len(self.contents[seq])
-
-    @property
-    def lengths(self) -> list[int]:
-        """Tokens in each sequence's cache."""
-        return [len(held) for held in self.contents]
-
     def decode(self, rows: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
         """One llama_decode of rows (sequence, tokens, all_logits) appended to their sequences' caches (at
         most N_BATCH tokens in all); returns each row's logits: (len(tokens), V), or (1, V) for its last.
         The arrays are views of the context's buffer, valid until its next decode (a copy of a verify pass's
         rows would cost more than their argmax): use them before decoding again."""
+        self._check(rows)
         batch, lib = self._batch, self._lib
         i = 0
         for seq, tokens, all_logits in rows:
             start = self.length(seq)
-            if start + len(tokens) > self.n_ctx_seq:
-                raise ValueError(f"{start + len(tokens)} tokens exceed a sequence's context ({self.n_ctx_seq})")
             for j, token in enumerate(tokens):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + j, 1
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = all_logits or j == len(tokens) - 1
                 i += 1
-        if i > N_BATCH:
-            raise ValueError(f"{i} tokens in one batch; at most {N_BATCH}")
         batch.n_tokens = i
         if i and lib.llama_decode(self.ctx, batch) != 0:
             raise RuntimeError("llama_decode failed (the KV cache is full?)")
@@ -129,13 +156,58 @@ class SharedContext:
         self._lib.llama_memory_seq_rm(self._memory, seq, n, -1)
         del self.contents[seq][n:]
 
-    def common_prefix(self, seq: int, tokens: list[int]) -> int:
-        """How many first tokens of `tokens` the sequence's cache holds already."""
-        held = self.contents[seq]
-        n = min(len(held), len(tokens))
-        if held[:n] == tokens[:n]:
-            return n
-        return next(i for i, (a, b) in enumerate(zip(held, tokens)) if a != b)
+
+class TorchSharedContext(SequenceCells):
+    """The same over a torch model that runs runner.models.compact_llama's forward: a KV cache of many
+    sequences (CompactLlama.new_batched_cache) and one forward over all rows' tokens per pass (forward_rows).
+    The weights are the model's own. A sequence cut back keeps its old cells, unread: attention reads a
+    sequence's cells only up to its own length."""
+
+    def __init__(self, model: CompactLlama, sequences: int, n_ctx_seq: int) -> None:
+        super().__init__(sequences, n_ctx_seq, model.full_size)
+        self.model = model
+        self.cache = model.new_batched_cache(sequences, n_ctx_seq)
+
+    def close(self) -> None:
+        self.cache = None
+
+    def decode(self, rows: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
+        """As SharedContext.decode: each row's logits, (len(tokens), V) or (1, V) for its last, float32."""
+        self._check(rows)
+        used, outputs, index = [], [], 0
+        for seq, tokens, all_logits in rows:
+            if tokens:
+                used.append((seq, self.length(seq), tokens))
+                outputs += range(index, index + len(tokens)) if all_logits else [index + len(tokens) - 1]
+                index += len(tokens)
+        with torch.inference_mode():  # the cache's tensors are made and written in it, whoever calls
+            block = self.model.forward_rows(self.cache, used, outputs).cpu().numpy() if used else None
+        out, row = [], 0
+        for seq, tokens, all_logits in rows:
+            self.contents[seq] += tokens
+            n = (len(tokens) if all_logits else 1) if tokens else 0
+            out.append(block[row : row + n] if n else np.empty((0, self.vocab_size), np.float32))
+            row += n
+        return out
+
+    def keep(self, seq: int, n: int) -> None:
+        """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
+        del self.contents[seq][n:]
+
+
+def batchable(model) -> bool:
+    """Whether a model can decode in a batch: a GGUF file on llama.cpp, or a torch model that runs our compact
+    forward (a model that runs through transformers decodes one request at a time)."""
+    return isinstance(model, (LlamaCppEngine, CompactLlama))
+
+
+def shared_context(model, sequences: int, n_ctx_seq: int) -> SharedContext | TorchSharedContext:
+    """The context of many sequences for a model of either engine (see `batchable`)."""
+    if isinstance(model, LlamaCppEngine):
+        return SharedContext(model, sequences, n_ctx_seq)
+    if isinstance(model, CompactLlama):
+        return TorchSharedContext(model, sequences, n_ctx_seq)
+    raise ValueError(f"{type(model).__name__} does not decode in a batch (only llama.cpp and the compact torch forward do)")
 
 
 @dataclass
@@ -175,19 +247,20 @@ def _share(seconds: float, rows: list[tuple[int, list[int], bool]]) -> list[floa
 class BatchedGenerator:
     """The decoding loop over many sequences: `add` a generation, `step` until none is active.
 
-    target, draft: the pair's llama.cpp engines (draft None: plain decoding). sequences: how many may be
+    target, draft: the pair's llama.cpp engines or compact torch models (see `batchable`; draft None: plain
+    decoding). sequences: how many may be
     active at once; n_ctx_seq: the tokens one sequence may hold (prompt, new tokens and a draft's look-ahead).
     cache_prompts: a finished sequence's cells stay as a prefix the next request may reuse (see the module).
     The other settings are generate_speculative's, for every sequence alike.
     """
 
-    def __init__(self, target: LlamaCppEngine, draft: LlamaCppEngine | None, *, sequences: int, n_ctx_seq: int,
+    def __init__(self, target: LlamaCppEngine | CompactLlama, draft: LlamaCppEngine | CompactLlama | None, *, sequences: int, n_ctx_seq: int,
                  draft_tokens: int = 5, adaptive: bool = True, draft_confidence: float = 0.0,
                  eos_ids: Iterable[int] = (), min_acceptance: float = 0.0, guard: bool = True,
                  vocab_size: int | None = None, cache_prompts: bool = False) -> None:
-        self.target = SharedContext(target, sequences, n_ctx_seq)
-        self.draft = SharedContext(draft, sequences, n_ctx_seq) if draft is not None else None
-        sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
+        self.target = shared_context(target, sequences, n_ctx_seq)
+        self.draft = shared_context(draft, sequences, n_ctx_seq) if draft is not None else None
+        sizes = [self.target.vocab_size] + ([self.draft.vocab_size] if self.draft is not None else [])
         self.vocab_size = vocab_size or min(sizes)
         self.costs = parameter_costs(target, draft) if draft is not None else None
         self.draft_tokens, self.adaptive, self.draft_confidence = max(draft_tokens, 1), adaptive, draft_confidence
@@ -352,7 +425,7 @@ class BatchedGenerator:
         return drafts, {seq: torch.cat(q) for seq, q in qs.items() if q}
 
     @staticmethod
-    def _decode_long(ctx: SharedContext, row: tuple[int, list[int], bool]) -> list[np.ndarray]:
+    def _decode_long(ctx: SharedContext | TorchSharedContext, row: tuple[int, list[int], bool]) -> list[np.ndarray]:
         seq, tokens, _ = row
         out = None
         for i in range(0, len(tokens), N_BATCH):

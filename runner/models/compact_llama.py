@@ -12,7 +12,7 @@ attention, SiLU MLP, default RoPE); tests check its logits against transformers'
 
 from __future__ import annotations
 
-__all__ = ["CompactLlama", "compact_config", "supports", "weights_from_state_dict"]
+__all__ = ["BatchedCache", "CompactLlama", "compact_config", "supports", "weights_from_state_dict"]
 
 from types import SimpleNamespace
 
@@ -189,6 +189,32 @@ class CompactCache:
         return self.length
 
 
+class BatchedCache:
+    """Keys and values of many sequences (continuous batching, runner.decoding.batching): one tensor each of
+    shape (layers, sequences, kv heads, positions, head dim); which positions of a sequence are valid is the
+    caller's to know. Cells are zeros until written and keep old values after a sequence is cut back: a
+    masked cell must hold a finite number (attention weighs it by zero, and zero times NaN is NaN)."""
+
+    def __init__(self, layers: int, sequences: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device, limit: int) -> None:
+        self.keys = torch.zeros(layers, sequences, kv_heads, 0, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.limit = limit  # positions per sequence, at most
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` positions in every sequence; the room at least doubles when it grows (up to the limit)."""
+        capacity = self.keys.shape[3]
+        if length <= capacity:
+            return
+        size = list(self.keys.shape)
+        size[3] = min(max(length, 2 * capacity, 64), max(self.limit, length))
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(size)
+            new[:, :, :, :capacity] = old
+            setattr(self, name, new)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm: normalised in float32, scaled in the weights' dtype."""
     xf = x.float()
@@ -198,6 +224,74 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def _mlp(x: torch.Tensor, layer: SimpleNamespace, eps: float) -> torch.Tensor:
+    """A layer's second half: the residual stream after its gated SiLU MLP."""
+    h = _rms_norm(x, layer.ln2, eps)
+    return x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+
+
+class _RowPlan:
+    """The index tensors of one batched pass (CompactLlama.forward_rows): where each token sits in its
+    sequence's cells and in the padded per-row layout attention runs on, and the attention mask."""
+
+    def __init__(self, rows: list[tuple[int, int, list[int]]], device: torch.device, groups: int) -> None:
+        self.tokens = sum(len(tokens) for _, _, tokens in rows)
+        self.width = max(len(tokens) for _, _, tokens in rows)  # the longest row: every row is padded to it
+        self.slots = len(rows) * self.width
+        self.end = max(start + len(tokens) for _, start, tokens in rows)  # the cells attention reads, per sequence
+        ids, positions, seq_of, slot, last = [], [], [], [], []
+        for r, (seq, start, tokens) in enumerate(rows):
+            ids += tokens
+            positions += range(start, start + len(tokens))
+            seq_of += [seq] * len(tokens)
+            slot += range(r * self.width, r * self.width + len(tokens))
+            last.append(start + len(tokens) - 1)
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+        self.ids, self.positions, self.seq_of, self.slot = tensor(ids), tensor(positions), tensor(seq_of), tensor(slot)
+        self.padding = self.slots != self.tokens
+        # one row is written into its cells as forward writes them (a slice, no index): (sequence, start, end)
+        self._span = (rows[0][0], rows[0][1], rows[0][1] + len(rows[0][2])) if len(rows) == 1 else None
+        seqs = [seq for seq, _, _ in rows]
+        # the rows' sequences: a slice of the cache when they are consecutive ids (no copy), else gathered
+        self._range = slice(seqs[0], seqs[0] + len(seqs)) if seqs == list(range(seqs[0], seqs[0] + len(seqs))) else None
+        self._seqs = tensor(seqs)
+        self.mask, self.causal = self._mask(rows, device, last)
+        # Grouped-query attention over several rows: SDPA's enable_gqa takes no batch of masked rows on the CPU
+        # (torch 2.13), and repeating the kv heads would copy every row's cells in every layer; instead the
+        # query heads sharing a kv head become more query rows of it (heads are kv-head-major, as
+        # transformers' repeat_kv orders them), and the mask repeats for them.
+        self.grouped = groups if groups > 1 and self.mask is not None else 0
+        if self.grouped:
+            self.mask = self.mask.repeat(1, 1, groups, 1)
+
+    def _mask(self, rows, device, last) -> tuple[torch.Tensor | None, bool]:
+        """One row is masked as forward masks it (its numbers then equal a lone sequence's step): one token
+        sees every cell, a prefill of an empty sequence is causal. Several rows: query j of a row sees the
+        cells up to its own position; a padding query (past its row's tokens) sees those of the row's last."""
+        if len(rows) == 1:
+            (_, start, tokens), = rows
+            if len(tokens) == 1 or start == 0:
+                return None, len(tokens) > 1
+        starts = torch.tensor([start for _, start, _ in rows], device=device)
+        query = (starts[:, None] + torch.arange(self.width, device=device)[None, :]).minimum(torch.tensor(last, device=device)[:, None])
+        return (torch.arange(self.end, device=device)[None, None, :] <= query[:, :, None]).unsqueeze(1), False
+
+    def write(self, cache: torch.Tensor, states: torch.Tensor) -> None:
+        """The pass's keys or values, (tokens, kv heads, head dim), into their sequences' cells."""
+        if self._span is not None:
+            seq, start, end = self._span
+            cache[seq, :, start:end] = states.transpose(0, 1)
+        else:
+            cache[self.seq_of, :, self.positions] = states
+
+    def cells(self, cache: torch.Tensor) -> torch.Tensor:
+        """The rows' sequences' cells up to the pass's end: (rows, kv heads, end, head dim)."""
+        if self._range is not None:
+            return cache[self._range, :, : self.end]
+        return cache[self._seqs, :, : self.end]
 
 
 class CompactLlama(torch.nn.Module):
@@ -278,11 +372,57 @@ class CompactLlama(torch.nn.Module):
                 _rotate(q, cos, sin), cache.keys[i, :, :, :end], cache.values[i, :, :, :end], attn_mask=mask,
                 is_causal=t > 1 and start == 0, scale=self.scale, enable_gqa=self.heads != self.kv_heads,
             )
-            x = x + F.linear(out.transpose(1, 2).reshape(1, t, -1), layer.o, layer.o_bias)
-            h = _rms_norm(x, layer.ln2, self.eps)
-            x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+            x = _mlp(x + F.linear(out.transpose(1, 2).reshape(1, t, -1), layer.o, layer.o_bias), layer, self.eps)
         cache.length = end
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        scores = F.linear(_rms_norm(x, w.norm, self.eps), self.head)
-        return SimpleNamespace(logits=scores if self.ids is None else full_vocab_logits(scores, self.ids, self.full_size))
+        return SimpleNamespace(logits=self._logits(x))
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        scores = F.linear(_rms_norm(x, self.weights.norm, self.eps), self.head)
+        return scores if self.ids is None else full_vocab_logits(scores, self.ids, self.full_size)
+
+    def new_batched_cache(self, sequences: int, limit: int) -> BatchedCache:
+        """An empty cache for `sequences` sequences of up to `limit` positions each (room grows as they do)."""
+        return BatchedCache(len(self.weights.layers), sequences, self.kv_heads, self.head_dim, self.head.dtype,
+                            self.device, limit)
+
+    def forward_rows(self, cache: BatchedCache, rows: list[tuple[int, int, list[int]]], outputs: list[int]) -> torch.Tensor:
+        """One pass over several sequences' tokens at once (continuous batching): rows of (sequence, start, tokens),
+        each row's tokens at positions start, start + 1, ... of its sequence (on top of the start positions its
+        cache holds already; at most one row per sequence). The matrix products run over all rows' tokens
+        together; attention runs per row, over its own sequence's cells, in one call (rows padded to the
+        longest, a mask per row). Returns the logits of the tokens at `outputs` (indices into all rows'
+        tokens, in order), in float32: (len(outputs), V)."""
+        w, heads, kv_heads, d = self.weights, self.heads, self.kv_heads, self.head_dim
+        plan = _RowPlan(rows, self.device, heads // kv_heads)
+        t, end = plan.tokens, plan.end
+        cache.reserve(end)
+        x = F.embedding(plan.ids.view(1, t), w.embed)
+        angles = torch.outer(plan.positions.to(torch.float32), self.inv_freq)  # RoPE as in forward
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        for i, layer in enumerate(w.layers):
+            h = _rms_norm(x, layer.ln1, self.eps)  # (1, tokens, hidden), as forward's: the same kernels
+            q = _rotate(F.linear(h, layer.q, layer.q_bias).view(t, heads, d), cos, sin)
+            keys, values = cache.keys[i], cache.values[i]  # (sequences, kv heads, positions, head dim)
+            plan.write(keys, _rotate(F.linear(h, layer.k, layer.k_bias).view(t, kv_heads, d), cos, sin))
+            plan.write(values, F.linear(h, layer.v, layer.v_bias).view(t, kv_heads, d))
+            if plan.padding:
+                padded = q.new_zeros(plan.slots, heads, d)
+                padded[plan.slot] = q
+            else:  # rows of one length (single steps of many sequences, or one row): the tokens are the layout
+                padded = q
+            padded = padded.view(len(rows), plan.width, heads, d).transpose(1, 2)
+            if plan.grouped:  # the query heads that share a kv head as more queries of it (see _RowPlan)
+                padded = padded.reshape(len(rows), kv_heads, plan.grouped * plan.width, d)
+            out = F.scaled_dot_product_attention(
+                padded, plan.cells(keys), plan.cells(values), attn_mask=plan.mask, is_causal=plan.causal,
+                scale=self.scale, enable_gqa=heads != kv_heads and not plan.grouped,
+            )
+            out = out.reshape(len(rows), heads, plan.width, d).transpose(1, 2).reshape(plan.slots, heads * d)
+            if plan.padding:
+                out = out[plan.slot]
+            x = _mlp(x + F.linear(out.view(1, t, -1), layer.o, layer.o_bias), layer, self.eps)
+        return self._logits(x[:, outputs])[0].float()
+
