@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--draft-max", type=int, default=4, help="llama-server's --spec-draft-n-max")
     ap.add_argument("--servers", default="bundle,bundle-plain,llama,llama-draft")
     ap.add_argument("--build", action="store_true", help="build llama-server if it is not cached")
+    ap.add_argument("--dtype", help="bundle serve's --dtype (a safetensors bundle; default: the bundle's)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
     prompts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
@@ -198,6 +199,7 @@ def main() -> None:
                 sequences = 1 if name == "bundle-1" else max(levels)
                 argv = [sys.executable, "-m", "bundler", "serve", args.ref, "--store", args.store, "--key", args.key,
                         "--port", str(port), "--sequences", str(sequences), "--max-queue", "64"]
+                argv += ["--dtype", args.dtype] if args.dtype else []
                 return Process(argv + (["--no-draft"] if name == "bundle-plain" else []), port, {"PYTHONPATH": str(ROOT)})
             argv = [str(binary), "-m", str(files["target"]), "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
                     "-tb", str(threads), "-np", str(clients), "-c", str(ctx_seq * clients), "-b", "512", "-ub", "512",
@@ -264,7 +266,7 @@ def main() -> None:
             ratios["llama_draft_over_llama_tps"] = [d["tokens_per_second"] / l["tokens_per_second"] for d, l in
                                                     zip(results["llama-draft"][str(clients)], results["llama"][str(clients)])]
         summary[str(clients)] = {"medians": row, "ratios_per_round": ratios}
-    out = {"cpu": cpu_info(), "load_average": os.getloadavg(), "threads": threads, "ref": args.ref,
+    out = {"cpu": cpu_info(), "load_average": os.getloadavg(), "threads": threads, "ref": args.ref, "dtype": args.dtype,
            "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
            "llama_server": str(binary) if binary else None, "summary": summary, "runs": results}
     text = json.dumps(out, indent=2)

@@ -1,4 +1,5 @@
-"""`bundle serve`'s decoding worker on the llama.cpp engine: continuous batching (runner.decoding.batching).
+"""`bundle serve`'s decoding worker where the pair's models decode in a batch (llama.cpp; torch models that run our
+compact forward): continuous batching (runner.decoding.batching).
 
 Requests wait in serve's bounded queue as before; the worker takes one in whenever a sequence id is free
 (at the next step), runs one batched step for every active request, and lets each leave when it is done,
