@@ -257,6 +257,27 @@ def test_a_new_request_takes_the_free_id_holding_its_longest_prefix_and_cancelle
     assert _cells_gone(generator, joined.seq)
 
 
+def test_new_requests_take_ids_next_to_the_active_ones(pair) -> None:
+    """llama.cpp runs a batch's attention over every sequence between its lowest and highest id, idle ones too:
+    with 8 ids, cached prompts and at most 4 requests at once, joining and leaving at different steps, the
+    active ids always lie within 4 consecutive ids, and every answer is still its single-request answer."""
+    target, _ = pair
+    generator = BatchedGenerator(target, None, sequences=8, n_ctx_seq=N_CTX, cache_prompts=True)
+    lengths = [3, 9, 5, 12, 4, 7, 10, 2, 6, 8, 11, 5]
+    waiting = [(PROMPTS[i % len(PROMPTS)], n) for i, n in enumerate(lengths)]
+    seqs, spans = [], []
+    while waiting or generator.active():
+        while waiting and len(generator.active()) < 4:
+            prompt, n = waiting.pop(0)
+            seqs.append((prompt, n, generator.add(prompt, n)))
+        ids = [s.seq for s in generator.active()]
+        spans.append(max(ids) - min(ids))
+        generator.step()
+    assert max(spans) <= 3 and len(seqs) == len(lengths)
+    for prompt, n, s in seqs:
+        assert _equal_up_to_ties(target, prompt, s.tokens, n)
+
+
 def test_default_sequences_fit_the_memory_left() -> None:
     assert default_sequences(100, 1000) == 8  # capped
     assert default_sequences(100, 350) == 3
