@@ -76,6 +76,17 @@ class SequenceCells:
             return n
         return next(i for i, (a, b) in enumerate(zip(held, tokens)) if a != b)
 
+    def _appended(self, rows: list[tuple[int, list[int], bool]], block: np.ndarray | None) -> list[np.ndarray]:
+        """After a pass: each row's tokens counted in its sequence, and its logits cut from the pass's block (the
+        rows' kept outputs in order): (len(tokens), V) with all_logits, else (1, V); (0, V) for a row of none."""
+        out, row = [], 0
+        for seq, tokens, all_logits in rows:
+            self.contents[seq] += tokens
+            n = (len(tokens) if all_logits else 1) if tokens else 0
+            out.append(block[row : row + n] if n else np.empty((0, self.vocab_size), np.float32))
+            row += n
+        return out
+
     def _check(self, rows: list[tuple[int, list[int], bool]]) -> None:
         for seq, tokens, _ in rows:
             if self.length(seq) + len(tokens) > self.n_ctx_seq:
@@ -143,13 +154,7 @@ class SharedContext(SequenceCells):
         pointer = lib.llama_get_logits(self.ctx)
         block = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
                                       shape=(outputs, self.vocab_size)) if outputs else None
-        out, row = [], 0
-        for seq, tokens, all_logits in rows:
-            self.contents[seq] += tokens
-            n = (len(tokens) if all_logits else 1) if tokens else 0
-            out.append(block[row : row + n] if n else np.empty((0, self.vocab_size), np.float32))
-            row += n
-        return out
+        return self._appended(rows, block)
 
     def keep(self, seq: int, n: int) -> None:
         """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
@@ -182,13 +187,7 @@ class TorchSharedContext(SequenceCells):
                 index += len(tokens)
         with torch.inference_mode():  # the cache's tensors are made and written in it, whoever calls
             block = self.model.forward_rows(self.cache, used, outputs).cpu().numpy() if used else None
-        out, row = [], 0
-        for seq, tokens, all_logits in rows:
-            self.contents[seq] += tokens
-            n = (len(tokens) if all_logits else 1) if tokens else 0
-            out.append(block[row : row + n] if n else np.empty((0, self.vocab_size), np.float32))
-            row += n
-        return out
+        return self._appended(rows, block)
 
     def keep(self, seq: int, n: int) -> None:
         """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
