@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import assert_matches_schema, run_bundle
@@ -16,10 +17,16 @@ from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, make_pair, tiny_llama
 
 
-def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
-    make_pair(tmp_path / "ctx")
-    store = str(tmp_path / "store")
-    run_bundle("pack", str(tmp_path / "ctx"), "-t", "tiny-spec:1", "--key", str(keypair[0]), "--store", store, check=True)
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> str:
+    """A store holding the tiny pair as tiny-spec:1 (packed once for this module's benches)."""
+    base = tmp_path_factory.mktemp("bench")
+    make_pair(base / "ctx")
+    run_bundle("pack", str(base / "ctx"), "-t", "tiny-spec:1", "--key", str(keypair[0]), "--store", str(base / "store"), check=True)
+    return str(base / "store")
+
+
+def test_bench_json_reports_every_figure(tmp_path: Path, store: str, keypair: tuple[Path, Path]) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "hello world"}\n{"prompt": "a second prompt"}\n')
     result = run_bundle("bench", "tiny-spec:1", "--prompts", str(prompts), "--max-new-tokens", "10", "--repeat", "3", "--key", str(keypair[1]), "--store", store, "--json", check=True)
@@ -43,10 +50,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path, keypair: tuple[Path, Pa
     assert out["fastest_plain"] in ("target_only_float32", "target_only_bfloat16", "runner_plain")
 
 
-def test_bench_reads_the_packaged_default_prompts_from_any_directory(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
-    make_pair(tmp_path / "ctx")
-    store = str(tmp_path / "store")
-    run_bundle("pack", str(tmp_path / "ctx"), "-t", "tiny-spec:1", "--key", str(keypair[0]), "--store", store, check=True)
+def test_bench_reads_the_packaged_default_prompts_from_any_directory(tmp_path: Path, store: str, keypair: tuple[Path, Path]) -> None:
     elsewhere = tmp_path / "elsewhere"  # no benchmarks/ here: the default comes with the package
     elsewhere.mkdir()
     result = run_bundle("bench", "tiny-spec:1", "--limit", "1", "--max-new-tokens", "4", "--key", str(keypair[1]),
