@@ -357,6 +357,11 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(agreeing: Server) -
     assert lines[-1] == "[DONE]"  # the stream was finished, not cut
     usage = [json.loads(x)["usage"] for x in lines[:-1] if json.loads(x).get("usage")]
     assert usage and usage[-1]["completion_tokens"] > 0
+    # A supervisor that repeats its SIGTERM while the server drains does not kill the drain: still exit 0.
+    deadline = time.monotonic() + 60
+    while agreeing.proc.poll() is None and time.monotonic() < deadline:
+        agreeing.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
     assert agreeing.stop() == 0
     assert "s3cret" not in agreeing.proc.stderr.read()  # the API key is never logged
 

@@ -17,6 +17,7 @@ import collections
 import hmac
 import json
 import queue
+import signal
 import threading
 import time
 import uuid
@@ -561,4 +562,8 @@ def serve_bundle(
     try:
         server.run()  # handles SIGTERM/SIGINT: stops accepting, waits for open requests, returns
     finally:
+        # Already stopping: uvicorn has put the default handlers back, and a second SIGTERM (a supervisor
+        # repeating itself) would kill the drain below and exit -15 instead of 0. SIGKILL still ends it.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         engine.stop()  # the decoder finishes its loop and leaves loaded_bundle (the checkout is released)
