@@ -114,7 +114,8 @@ class Engine:
         self.batch = None  # continuous batching where the models have it (bundler.serve.batch_worker)
         from runner.decoding.batching import batchable  # here: it imports torch, which `bundle --help` never needs
 
-        if batchable(pair.target) and (pair.draft is None or batchable(pair.draft)):
+        speculate = (batching or {}).get("speculate", True)  # False: the draft is never used, batchable or not
+        if batchable(pair.target) and (pair.draft is None or not speculate or batchable(pair.draft)):
             from bundler.serve.batch_worker import BatchWorker
 
             self.batch = BatchWorker(self, **(batching or {}))

@@ -256,8 +256,8 @@ class _RowPlan:
         self._span = (rows[0][0], rows[0][1], rows[0][1] + len(rows[0][2])) if len(rows) == 1 else None
         seqs = [seq for seq, _, _ in rows]
         # the rows' sequences: a slice of the cache when they are consecutive ids (no copy), else gathered
-        self._range = slice(seqs[0], seqs[0] + len(seqs)) if seqs == list(range(seqs[0], seqs[0] + len(seqs))) else None
-        self._seqs = tensor(seqs)
+        consecutive = seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        self._seqs: slice | torch.Tensor = slice(seqs[0], seqs[0] + len(seqs)) if consecutive else tensor(seqs)
         self.mask, self.causal = self._mask(rows, device, last)
         # Grouped-query attention over several rows: SDPA's enable_gqa takes no batch of masked rows on the CPU
         # (torch 2.13), and repeating the kv heads would copy every row's cells in every layer; instead the
@@ -289,8 +289,6 @@ class _RowPlan:
 
     def cells(self, cache: torch.Tensor) -> torch.Tensor:
         """The rows' sequences' cells up to the pass's end: (rows, kv heads, end, head dim)."""
-        if self._range is not None:
-            return cache[self._range, :, : self.end]
         return cache[self._seqs, :, : self.end]
 
 
@@ -349,10 +347,7 @@ class CompactLlama(torch.nn.Module):
         start, end = cache.length, cache.length + t
         cache.reserve(end)
         x = F.embedding(input_ids.view(1, t), w.embed)
-        # RoPE as transformers computes it: angles in float32, cos/sin cast to the activations' dtype.
-        angles = torch.outer(torch.arange(start, end, device=x.device, dtype=torch.float32), self.inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = self._rope(torch.arange(start, end, device=x.device), x.dtype)
         # Attention called as transformers' SDPA path calls it: a prefill into an empty cache is causal without
         # a mask; one token sees the whole cache; several tokens on top of a cache get a boolean mask. (There
         # transformers repeats the key/value heads; grouped-query SDPA gives the same bf16 numbers without the
@@ -378,6 +373,13 @@ class CompactLlama(torch.nn.Module):
             x = x[:, -logits_to_keep:]
         return SimpleNamespace(logits=self._logits(x))
 
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin at `positions`, as transformers computes them: angles in float32, the tables cast
+        to the activations' dtype. (positions, head dim) each."""
+        angles = torch.outer(positions.to(torch.float32), self.inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         scores = F.linear(_rms_norm(x, self.weights.norm, self.eps), self.head)
         return scores if self.ids is None else full_vocab_logits(scores, self.ids, self.full_size)
@@ -399,9 +401,7 @@ class CompactLlama(torch.nn.Module):
         t, end = plan.tokens, plan.end
         cache.reserve(end)
         x = F.embedding(plan.ids.view(1, t), w.embed)
-        angles = torch.outer(plan.positions.to(torch.float32), self.inv_freq)  # RoPE as in forward
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        cos, sin = (table[:, None] for table in self._rope(plan.positions, x.dtype))  # one per token, for all its heads
         for i, layer in enumerate(w.layers):
             h = _rms_norm(x, layer.ln1, self.eps)  # (1, tokens, hidden), as forward's: the same kernels
             q = _rotate(F.linear(h, layer.q, layer.q_bias).view(t, heads, d), cos, sin)
