@@ -13,8 +13,9 @@
   and on request (`--servers`) `bundle-1`, `bundle serve --sequences 1` (one request at a time, requests
   queue: what batching gains). A safetensors bundle (torch) runs with the bundle servers only.
 
-The servers take turns within each round and concurrency, so a drift of a shared machine's speed falls on
-all alike; only one server runs at a time.
+All servers are started first and stay up (llama-server once per concurrency); they take turns within each
+round and concurrency, in an order that reverses every round, so a drift of the machine's speed falls on all
+alike; only one server is driven at a time (an idle one waits without using the CPU).
 
     python benchmarks/serve_load.py --build [--ref smollm2-spec-gguf:1.0.0] [--store demo/work/store]
         [--key demo/work/keys/bundle.pub] [--clients 1,4,8] [--rounds 2] [--max-tokens 128] [--out FILE]
@@ -210,34 +211,30 @@ def main() -> None:
             return Process(argv, port)
 
         results: dict[str, dict[str, list[dict]]] = {s: {str(c): [] for c in levels} for s in servers}
-        # The bundle servers stay up throughout (an idle one waits on its queue and costs nothing); llama-server
-        # starts for each concurrency, with that many slots.
-        bundle_servers: dict[str, Process] = {}
+        # Every server stays up throughout (an idle one waits for work and costs nothing: a bundle server on its
+        # queue, llama-server on its slots), llama-server once per concurrency, with that many slots; so the
+        # servers can take turns request batch by request batch, in an order that reverses every round (ABBA):
+        # a drift of the machine's speed within a round then falls on all alike instead of on the one that ran last.
+        procs: dict[tuple[str, int], Process] = {}
         try:
             for name in servers:
-                if name.startswith("bundle"):
-                    bundle_servers[name] = start(name, max(levels))
-                    stream(bundle_servers[name].url, prompts[0], 8)  # warm-up
+                for clients in ([max(levels)] if name.startswith("bundle") else levels):
+                    procs[(name, clients)] = proc = start(name, clients)
+                    stream(proc.url, prompts[0], 8)  # warm-up
             for round_ in range(args.rounds):
                 for clients in levels:
                     # the same prompts for every server in this round and concurrency, another slice next time
                     offset = (round_ * len(levels) + levels.index(clients)) * clients * args.requests_per_client
                     batch = [prompts[(offset + i) % len(prompts)] for i in range(clients * args.requests_per_client)]
-                    for name in servers:
-                        proc = bundle_servers.get(name) or start(name, clients)
-                        try:
-                            if name not in bundle_servers:
-                                stream(proc.url, prompts[0], 8)  # warm-up
-                            result = drive(proc.url, batch, clients, args.max_tokens)
-                        finally:
-                            if name not in bundle_servers:
-                                proc.stop()
+                    for name in (servers if round_ % 2 == 0 else servers[::-1]):
+                        proc = procs[(name, max(levels) if name.startswith("bundle") else clients)]
+                        result = drive(proc.url, batch, clients, args.max_tokens)
                         results[name][str(clients)].append(result)
                         print(json.dumps({"round": round_, "clients": clients, "server": name,
                                           **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}),
                               file=sys.stderr, flush=True)
         finally:
-            for proc in bundle_servers.values():
+            for proc in procs.values():
                 proc.stop()
 
     def median(name: str, clients: int, key: str) -> float | None:
@@ -265,7 +262,15 @@ def main() -> None:
         if "llama-draft" in servers and "llama" in servers:
             ratios["llama_draft_over_llama_tps"] = [d["tokens_per_second"] / l["tokens_per_second"] for d, l in
                                                     zip(results["llama-draft"][str(clients)], results["llama"][str(clients)])]
-        summary[str(clients)] = {"medians": row, "ratios_per_round": ratios}
+        # The run's figure: each server's tokens over its wall time in all rounds (they took turns, so each ratio
+        # is of the same machine), beside the rounds' own ratios.
+        run = {name: sum(r["tokens"] for r in results[name][str(clients)]) / sum(r["wall_s"] for r in results[name][str(clients)])
+               for name in servers}
+        over_run = {f"{a.replace('-', '_')}_over_{b.replace('-', '_')}_tps": run[a] / run[b]
+                    for a, b in (("bundle", "llama"), ("bundle", "bundle-plain"), ("bundle", "bundle-1"), ("llama-draft", "llama"))
+                    if a in run and b in run}
+        summary[str(clients)] = {"medians": row, "tokens_per_second_over_run": run, "ratios_over_run": over_run,
+                                 "ratios_per_round": ratios}
     out = {"cpu": cpu_info(), "load_average": os.getloadavg(), "threads": threads, "ref": args.ref, "dtype": args.dtype,
            "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
            "llama_server": str(binary) if binary else None, "summary": summary, "runs": results}
