@@ -13,8 +13,9 @@
   and on request (`--servers`) `bundle-1`, `bundle serve --sequences 1` (one request at a time, requests
   queue: what batching gains). A safetensors bundle (torch) runs with the bundle servers only.
 
-All servers are started first and stay up (llama-server once per concurrency); they take turns within each
-round and concurrency, in an order that reverses every round, so a drift of the machine's speed falls on all
+All servers are started first and stay up, once per concurrency N (`llama-server -np N`, `bundle serve
+--sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same); they
+take turns within each round and concurrency, in an order that reverses every round, so a drift of the machine's speed falls on all
 alike; only one server is driven at a time (an idle one waits without using the CPU).
 
     python benchmarks/serve_load.py --build [--ref smollm2-spec-gguf:1.0.0] [--store demo/work/store]
@@ -172,6 +173,9 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(ROOT / "runner" / "bench" / "prompts.jsonl"))
     ap.add_argument("--clients", default="1,4,8")
     ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=4,
+                    help="whole requests each server answers before the rounds (a bundle server with no run history "
+                         "for this machine speculates in its first three and then knows whether the draft pays)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=4, help="llama-server's --spec-draft-n-max")
@@ -197,7 +201,7 @@ def main() -> None:
         def start(name: str, clients: int) -> Process:
             port = _port()
             if name.startswith("bundle"):
-                sequences = 1 if name == "bundle-1" else max(levels)
+                sequences = 1 if name == "bundle-1" else clients  # as llama-server's -np N
                 argv = [sys.executable, "-m", "bundler", "serve", args.ref, "--store", args.store, "--key", args.key,
                         "--port", str(port), "--sequences", str(sequences), "--max-queue", "64"]
                 argv += ["--dtype", args.dtype] if args.dtype else []
@@ -211,23 +215,26 @@ def main() -> None:
             return Process(argv, port)
 
         results: dict[str, dict[str, list[dict]]] = {s: {str(c): [] for c in levels} for s in servers}
-        # Every server stays up throughout (an idle one waits for work and costs nothing: a bundle server on its
-        # queue, llama-server on its slots), llama-server once per concurrency, with that many slots; so the
-        # servers can take turns request batch by request batch, in an order that reverses every round (ABBA):
-        # a drift of the machine's speed within a round then falls on all alike instead of on the one that ran last.
+        # Every server stays up throughout (an idle one waits for work and costs nothing), once per concurrency:
+        # llama-server with -np N, `bundle serve` with --sequences N, so that each pair of servers answers the
+        # same requests in the same order and keeps the same prompts cached (with 24 prompts a later round repeats
+        # an earlier one's: a server that saw them at that concurrency answers from its prompt cache). They take
+        # turns batch by batch, in an order that reverses every round (ABBA): a drift of the machine's speed within
+        # a round then falls on all alike instead of on the one that ran last.
         procs: dict[tuple[str, int], Process] = {}
         try:
             for name in servers:
-                for clients in ([max(levels)] if name.startswith("bundle") else levels):
+                for clients in levels:
                     procs[(name, clients)] = proc = start(name, clients)
-                    stream(proc.url, prompts[0], 8)  # warm-up
+                    for i in range(args.warmup):  # the same for every server, from the end of the prompts
+                        stream(proc.url, prompts[-1 - i % len(prompts)], args.max_tokens)
             for round_ in range(args.rounds):
                 for clients in levels:
                     # the same prompts for every server in this round and concurrency, another slice next time
                     offset = (round_ * len(levels) + levels.index(clients)) * clients * args.requests_per_client
                     batch = [prompts[(offset + i) % len(prompts)] for i in range(clients * args.requests_per_client)]
                     for name in (servers if round_ % 2 == 0 else servers[::-1]):
-                        proc = procs[(name, max(levels) if name.startswith("bundle") else clients)]
+                        proc = procs[(name, clients)]
                         result = drive(proc.url, batch, clients, args.max_tokens)
                         results[name][str(clients)].append(result)
                         print(json.dumps({"round": round_, "clients": clients, "server": name,
@@ -272,7 +279,7 @@ def main() -> None:
         summary[str(clients)] = {"medians": row, "tokens_per_second_over_run": run, "ratios_over_run": over_run,
                                  "ratios_per_round": ratios}
     out = {"cpu": cpu_info(), "load_average": os.getloadavg(), "threads": threads, "ref": args.ref, "dtype": args.dtype,
-           "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
+           "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client, "warmup": args.warmup,
            "llama_server": str(binary) if binary else None, "summary": summary, "runs": results}
     text = json.dumps(out, indent=2)
     print(text)
