@@ -199,6 +199,26 @@ def test_bare_bundle_prints_help_on_stdout_exit_0() -> None:
     assert "Commands:" in r.out and "gc" in r.out and not r.out.startswith("error:")
 
 
+def _wait_for_stdin_read(pid: int, limit_s: float = 60.0) -> None:
+    """Until the process blocks in read(0, ...) (/proc/PID/syscall: number 0, first argument 0), at most limit_s;
+    where /proc does not say, 3 s. A Ctrl-C that lands earlier, while the CLI still imports, is another case (a
+    library may swallow it there, and the read then sees the pipe closed): a fixed sleep lost that race on a
+    busy machine."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            fields = Path(f"/proc/{pid}/syscall").read_text().split()
+        except OSError:
+            time.sleep(3)
+            return
+        if fields[:2] == ["0", "0x0"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the process did not reach the read of stdin in {limit_s} s")
+
+
 def test_ctrl_c_is_interrupted_exit_130_without_claiming_the_store(tmp_path: Path) -> None:
     import os
     import signal
@@ -208,7 +228,7 @@ def test_ctrl_c_is_interrupted_exit_130_without_claiming_the_store(tmp_path: Pat
     env = {**os.environ, "DOCKER_CONFIG": str(tmp_path / "d"), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen([sys.executable, "-m", "bundler", "login", "127.0.0.1:5000", "-u", "me", "--password-stdin"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(3)  # let it reach the read of stdin
+    _wait_for_stdin_read(proc.pid)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
