@@ -226,8 +226,11 @@ def test_ctrl_c_is_interrupted_exit_130_without_claiming_the_store(tmp_path: Pat
     import time
 
     env = {**os.environ, "DOCKER_CONFIG": str(tmp_path / "d"), "PYTHONWARNINGS": "ignore"}
+    # Ctrl-C as at a terminal: a test run started in the background (`make test &`) ignores SIGINT, and a child
+    # would inherit that and never see the signal.
     proc = subprocess.Popen([sys.executable, "-m", "bundler", "login", "127.0.0.1:5000", "-u", "me", "--password-stdin"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_stdin_read(proc.pid)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
