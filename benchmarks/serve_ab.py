@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -25,13 +24,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from serve_load import Process  # noqa: E402
+from serve_load import Process, _port  # noqa: E402
 
 
 def start(args: argparse.Namespace, extra: list[str]) -> Process:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _port()
     argv = [sys.executable, "-m", "bundler", "serve", args.ref, "--store", args.store, "--key", args.key, "--port", str(port),
             "--sequences", "8", "--max-queue", "64", *extra]
     return Process(argv, port, {"PYTHONPATH": str(ROOT)})

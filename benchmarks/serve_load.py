@@ -15,8 +15,8 @@
 
 All servers are started first and stay up, once per concurrency N (`llama-server -np N`, `bundle serve
 --sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same); they
-take turns within each round and concurrency, in an order that reverses every round, so a drift of the machine's speed falls on all
-alike; only one server is driven at a time (an idle one waits without using the CPU).
+take turns within each round and concurrency, in an order that reverses every round, so a drift of the
+machine's speed falls on all alike; only one server is driven at a time (an idle one waits without the CPU).
 
     python benchmarks/serve_load.py --build [--ref smollm2-spec-gguf:1.0.0] [--store demo/work/store]
         [--key demo/work/keys/bundle.pub] [--clients 1,4,8] [--rounds 2] [--max-tokens 128] [--out FILE]

@@ -38,18 +38,20 @@ class _ForkServer:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.startup: dict[str, str] = {}  # what the running server's interpreter read as it started
         self.lock = threading.Lock()
 
     def run(self, args: tuple[str, ...], env: dict[str, str], cwd: Path | None) -> Result | None:
-        server_env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        if _startup_vars(env) != _startup_vars(server_env):  # what the interpreter reads once, as it starts
-            return None
         if os.environ.get("SPECBUNDLE_TEST_NO_FORKSERVER") or not self.lock.acquire(blocking=False):
             return None
         try:
             if self.proc is None or self.proc.poll() is not None:
+                server_env = {**os.environ, "PYTHONWARNINGS": "ignore"}
                 self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "cli_forkserver.py")],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=server_env)
+                self.startup = _startup_vars(server_env)
+            if _startup_vars(env) != self.startup:  # the interpreter reads these once, as it starts
+                return None
             with tempfile.TemporaryDirectory(prefix="bundle-call-") as tmp:
                 out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
                 request = {"args": list(args), "env": env, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err)}

@@ -201,9 +201,8 @@ def test_bare_bundle_prints_help_on_stdout_exit_0() -> None:
 
 def _wait_for_stdin_read(pid: int, limit_s: float = 60.0) -> None:
     """Until the process blocks in read(0, ...) (/proc/PID/syscall: number 0, first argument 0), at most limit_s;
-    where /proc does not say, 3 s. A Ctrl-C that lands earlier, while the CLI still imports, is another case (a
-    library may swallow it there, and the read then sees the pipe closed): a fixed sleep lost that race on a
-    busy machine."""
+    where /proc does not say, 3 s. A Ctrl-C that lands earlier, while the CLI still imports, is another case
+    (a traceback, exit 1 or -2, measured): a fixed sleep is a race on a slow machine."""
     import time
 
     deadline = time.monotonic() + limit_s
