@@ -83,7 +83,10 @@ def main() -> None:
                 totals[name][1] += tokens
                 print(json.dumps({"server": name, "seconds": round(seconds, 3), "tokens": tokens,
                                   "speculative_iterations": stats.get("speculative_iterations"),
-                                  "fallback": (stats.get("fallback") or {}).get("reason")}), file=sys.stderr, flush=True)
+                                  "fallback": (stats.get("fallback") or {}).get("reason"),
+                                  **{k: stats.get(k) for k in ("acceptance_rate", "cost_ratio", "verify_cost_ratio", "verify_slope",
+                                                               "predicted_speedup", "realized_speedup", "plain_steps")}}),
+                      file=sys.stderr, flush=True)
         cpu = {}
         for name, proc in servers.items():
             after = thread_cpu(proc.proc.pid)

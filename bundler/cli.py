@@ -465,6 +465,17 @@ def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None
         raise click.BadParameter(err.message.removeprefix("--memory-budget ")) from None
 
 
+def _prompt_cache(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from bundler.format.sizes import parse_size
+
+    if value is None or value.strip() == "0":
+        return None if value is None else 0
+    try:
+        return parse_size(value, "--prompt-cache")
+    except BundleError as err:
+        raise click.BadParameter(err.message.removeprefix("--prompt-cache ")) from None
+
+
 def _max_body(ctx: click.Context, param: click.Parameter, value: str) -> int:
     from bundler.format.sizes import parse_size
 
@@ -630,6 +641,7 @@ def bench(store: Store, ref: str, prompts_file: str | None, limit: int | None, k
 @click.option("--time-limit", default=300.0, show_default=True, type=click.FloatRange(0.1), help="Seconds a request may take (queue included).")
 @click.option("--sequences", type=click.IntRange(1, 64), help="Requests decoded at once in one batch (llama.cpp, and torch models our compact forward runs; default: as many KV caches as fit, at most 8).")
 @click.option("--no-draft", "speculate", flag_value=False, default=True, help="Decode with the target alone (where requests decode in a batch): a baseline for benchmarks.")
+@click.option("--prompt-cache", callback=_prompt_cache, help="Host memory for copies of finished requests' cache cells, which a request with the same start gets back (where requests decode in a batch): 2GiB, 0 for none (default: half the memory left, at most 8GiB).")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
 @click.option("--device", help="cpu or cuda (default: cuda when available).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")

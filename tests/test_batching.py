@@ -257,6 +257,65 @@ def test_a_new_request_takes_the_free_id_holding_its_longest_prefix_and_cancelle
     assert _cells_gone(generator, joined.seq)
 
 
+@pytest.mark.parametrize("speculate", [False, True], ids=["plain", "speculative"])
+def test_a_prompt_whose_id_another_request_took_comes_back_from_the_prompt_cache_and_answers_as_afresh(pair, speculate: bool) -> None:
+    """One id, a prompt cache: A, then B (unrelated: A's cells are copied to host memory before B overwrites them),
+    then A again, which gets its cells back in both models' caches and prefills only its last token. Without the
+    prompt cache A starts afresh. Its tokens are those of its first run either way."""
+    target, draft = pair
+    a, b = PROMPTS[2], PROMPTS[0]
+
+    def generator(cache_bytes: int) -> BatchedGenerator:
+        return BatchedGenerator(target, draft if speculate else None, sequences=1, n_ctx_seq=N_CTX, draft_tokens=3, guard=False,
+                                cache_prompts=True, prompt_cache_bytes=cache_bytes)
+
+    cached, uncached = generator(64 << 20), generator(0)
+    for g in (cached, uncached):
+        first = g.run([{"prompt_ids": a, "max_new_tokens": 10}])[0]
+        g.run([{"prompt_ids": b, "max_new_tokens": 10}])
+        again = g.run([{"prompt_ids": a, "max_new_tokens": 10}])[0]
+        assert again.tokens == first.tokens
+        if g is cached:
+            assert again.cached == len(a) - 1 and again.stats.target_calls[0] == (len(a) - 1, 1)
+            assert g.prompt_cache.saved == 2 and g.prompt_cache.restored == 1  # A's cells, then B's for A's return
+            if speculate:
+                assert again.draft_cached == len(a)
+        else:
+            assert g.prompt_cache is None and again.cached == 0
+
+
+def test_a_cancelled_requests_cells_never_reach_the_prompt_cache(pair) -> None:
+    target, _ = pair
+    generator = BatchedGenerator(target, None, sequences=1, n_ctx_seq=N_CTX, cache_prompts=True, prompt_cache_bytes=64 << 20)
+    s = generator.add(PROMPTS[2], 10)
+    generator.step()
+    generator.cancel(s)
+    again = generator.run([{"prompt_ids": PROMPTS[0], "max_new_tokens": 4}, {"prompt_ids": PROMPTS[2], "max_new_tokens": 4}])[1]
+    assert again.cached == 0 and all(e.tokens[: len(PROMPTS[2])] != PROMPTS[2] for e in generator.prompt_cache.entries)
+
+
+def test_the_prompt_cache_keeps_within_its_bytes_least_recently_used_first() -> None:
+    from runner.decoding.prompt_cache import CacheEntry, PromptCache
+
+    def entry(tokens: list[int], size: int) -> CacheEntry:
+        return CacheEntry(tokens, None, [], None, size)
+
+    cache = PromptCache(300)
+    cache.add(entry([1, 2, 3], 100))
+    cache.add(entry([4, 5, 6], 100))
+    cache.add(entry([1, 2, 3, 4], 100))  # contains the first: the first is dropped
+    assert [e.tokens for e in cache.entries] == [[4, 5, 6], [1, 2, 3, 4]] and cache.size == 200
+    assert cache.find([4, 5, 6, 7], have=0).tokens == [4, 5, 6]  # now the most recently used
+    assert cache.find([4, 5, 6, 7], have=3) is None  # the id holds as much already
+    cache.add(entry([7, 8], 150))  # over 300 bytes: the least recently used goes
+    assert [e.tokens for e in cache.entries] == [[4, 5, 6], [7, 8]]
+    cache.add(entry([9], 301))  # larger than the whole cache: not kept
+    assert [e.tokens for e in cache.entries] == [[4, 5, 6], [7, 8]]
+    assert cache.should_save([1, 2, 3, 4, 5], kept=2) and not cache.should_save([1, 2, 3, 4, 5], kept=3)
+    assert not cache.should_save([4, 5, 6], kept=0)  # an entry holds them already
+    assert not PromptCache(0).should_save([1, 2, 3], kept=0)
+
+
 def test_new_requests_take_ids_next_to_the_active_ones(pair) -> None:
     """llama.cpp runs a batch's attention over every sequence between its lowest and highest id, idle ones too:
     with 8 ids, cached prompts and at most 4 requests at once, joining and leaving at different steps, the

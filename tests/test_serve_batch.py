@@ -152,6 +152,37 @@ def test_a_request_sharing_an_earlier_ones_prompt_prefix_reuses_its_cells_and_an
     assert _same_up_to_ties(store, second, json.loads(ran.out)["text"], served, 12)
 
 
+def test_a_prompt_asked_again_after_its_sequence_served_another_comes_back_from_the_prompt_cache(store: Path, keypair) -> None:
+    """One sequence: A, then B (another start), then A again: with the prompt cache (on by default) A's cells
+    come back from host memory and only its last token is prefilled; with --prompt-cache 0 they are gone. The
+    answers are the same either way."""
+    from runner.checks.gguf_model import read_header
+    from runner.gguf_run import GGUFTokenizer
+
+    a, b = "the quick brown fox jumps over the lazy dog", "lossless decoding of tokens"
+    path = store / "ctx" / "target" / "model.gguf"
+    a_ids = GGUFTokenizer(path, read_header(path)["metadata"]).prompt_ids(a, raw=True)
+    answers = {}
+    for option in ([], ["--prompt-cache", "0"]):
+        srv = Server(store / "store", keypair[1], "--sequences", "1", *option)
+        try:
+            first = _complete(srv, a, 8)
+            _complete(srv, b, 8)
+            before = srv.metrics()[("specbundle_cached_prompt_tokens_total", ())]
+            answers[bool(option)] = (first, _complete(srv, a, 8))
+            cached = srv.metrics()[("specbundle_cached_prompt_tokens_total", ())] - before
+            size = srv.metrics()[("specbundle_prompt_cache_bytes", ())]
+            assert (cached, size > 0, _live(srv)["prompt_cache_bytes"] > 0) == ((0, False, False) if option else (len(a_ids) - 1, True, True))
+        finally:
+            srv.stop()
+    assert answers[False] == answers[True] and answers[False][0] == answers[False][1]
+
+
+def test_a_prompt_cache_size_that_is_not_a_size_is_a_usage_error(store: Path, keypair) -> None:
+    result = run_bundle("serve", REF, "--key", str(keypair[1]), "--store", str(store / "store"), "--prompt-cache", "lots")
+    assert result.code == 2 and "--prompt-cache" in result.err and "Traceback" not in result.err
+
+
 def test_a_client_that_goes_away_frees_its_sequence_at_the_next_step(server: Server) -> None:
     before = server.metrics()[("specbundle_requests_total", (("status", "cancelled"),))]
     body = {"model": REF, "prompt": PROMPTS[2], "max_tokens": 1024, "temperature": 0, "stream": True}

@@ -80,6 +80,8 @@ class Metrics:
         self.sequences = Gauge("specbundle_sequences", "Requests that may be decoded at once.", registry=r)
         self.cached_prompt = Counter("specbundle_cached_prompt_tokens", "Prompt tokens an earlier request's cache cells "
                                      "held, not prefilled again.", registry=r)
+        self.prompt_cache = Gauge("specbundle_prompt_cache_bytes", "Host memory the prompt cache's copies of cache cells take.",
+                                  registry=r)
         self.queue_wait = Histogram("specbundle_queue_wait_seconds", "From enqueue to the start of decoding.", registry=r,
                                     buckets=(0.001, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.request_acceptance = Histogram("specbundle_request_acceptance_rate", "Accepted/drafted of each request that drafted.",
@@ -525,7 +527,8 @@ def serve_bundle(
     store: Any, ref: Any, trusted: Mapping[str, Any], *, host: str = "127.0.0.1", port: int = 8000,
     api_key: str | None = None, max_queue: int = 16, time_limit_s: float = REQUEST_TIME_LIMIT_S,
     limits: ServeLimits | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None, on_record: Callable[..., Any] | None = None,
-    from_dir: Path | None = None, open_probes: bool = False, sequences: int | None = None, speculate: bool = True, **options: Any,
+    from_dir: Path | None = None, open_probes: bool = False, sequences: int | None = None, speculate: bool = True,
+    prompt_cache: int | None = None, **options: Any,
 ) -> None:
     """Verify, gate, pair, preflight and load exactly as `bundle run` does (raising the same BundleError before
     the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first.
@@ -533,7 +536,8 @@ def serve_bundle(
     from_dir: a directory `bundle fetch` filled, served instead of `ref` from the store once its evidence and
     every file's hash hold (bundler.verbs.fetch). sequences: requests decoded at once where the models can decode
     in a batch (default: as many KV caches as fit, at most 8); speculate False: the target alone there (a
-    baseline for benchmarks/serve_load.py)."""
+    baseline for benchmarks/serve_load.py); prompt_cache: bytes of host memory for copies of cache cells there
+    (bundler.serve.batch_worker; None: its default)."""
     import uvicorn
 
     from bundler.verbs.fetch import loaded_dir
@@ -550,7 +554,7 @@ def serve_bundle(
         runs = None if from_dir else run_history(store, info["digest"]).counts()
         return Engine(pair, info, checks, max_queue, time_limit_s, on_record=on_record(report, pair) if on_record else None,
                       batching={"sequences": sequences, "speculate": speculate, "memory_budget": options.get("memory_budget"),
-                                "runs": runs})
+                                "runs": runs, "prompt_cache": prompt_cache})
 
     engine = _start_worker(load, engine_for)
     limits = limits or ServeLimits(host=host)

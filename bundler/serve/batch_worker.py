@@ -12,6 +12,8 @@ stopped paying requests decode plainly from their first token, with a rare explo
 `bundle run` found for the bundle on this machine (the store's run history, read and never written): a draft that
 does not pay a single stream pays a batch of them even less (each drafted token's share of a pass only grows), so
 a server need not find it out again in its first requests; its own requests then decide, as they come.
+Beside the cells finished requests leave in their ids, a prompt cache in host memory keeps copies of cells an id
+is about to lose (runner.decoding.prompt_cache; `--prompt-cache`, as llama-server's `--cache-ram`).
 """
 
 from __future__ import annotations
@@ -32,18 +34,26 @@ from runner.decoding.run_history import RunHistory
 
 
 BATCH_WINDOW = 64  # recent steps whose mean batch size the status page shows
+PROMPT_CACHE_MAX = 8 << 30  # the prompt cache's default size at most (llama-server's --cache-ram default)
+
+
+def default_prompt_cache(left: int) -> int:
+    """The prompt cache's default size: half the memory left once the pair and its sequences' caches are
+    counted, at most PROMPT_CACHE_MAX."""
+    return max(0, min(PROMPT_CACHE_MAX, left // 2))
 
 
 class BatchWorker:
     """The batched decoding loop of one serve Engine (its pair, queue and metrics)."""
 
     def __init__(self, engine: Any, sequences: int | None = None, speculate: bool = True,
-                 memory_budget: int | None = None, runs: dict[str, int] | None = None) -> None:
-        """runs: the counts of the store's run history for this bundle on this machine (None: start afresh)."""
+                 memory_budget: int | None = None, runs: dict[str, int] | None = None, prompt_cache: int | None = None) -> None:
+        """runs: the counts of the store's run history for this bundle on this machine (None: start afresh).
+        prompt_cache: bytes of host memory for the prompt cache (0: none; None: default_prompt_cache)."""
         pair = engine.pair
         memory, kv = pair.memory, int(pair.memory["kv_cache_bytes"])  # kv: both models' caches of one sequence
+        left = (memory_budget if memory_budget is not None else available_memory("cpu")) - int(memory["total_bytes"])
         if sequences is None:  # as many KV caches of the full context as fit beside what is loaded
-            left = (memory_budget if memory_budget is not None else available_memory("cpu")) - int(memory["total_bytes"])
             sequences = default_sequences(kv, left)
         else:  # the memory preflight, for the batch's caches beside the loaded pair's own
             check_memory({**memory, "kv_cache_bytes": kv * (1 + sequences), "total_bytes": int(memory["total_bytes"]) + kv * sequences,
@@ -53,6 +63,7 @@ class BatchWorker:
             self.generator = BatchedGenerator(
                 pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens,
                 **pair.settings.loop_args(), eos_ids=pair.eos_ids, vocab_size=pair.vocab_size, cache_prompts=True,
+                prompt_cache_bytes=default_prompt_cache(left - kv * sequences) if prompt_cache is None else prompt_cache,
             )
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
             raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
@@ -65,8 +76,10 @@ class BatchWorker:
     def live(self) -> dict[str, Any]:
         """Figures for the status page."""
         recent = list(self.recent_batches)
+        cache = self.generator.prompt_cache
         return {"active_sequences": len(self.live_jobs), "sequences": self.sequences,
-                "batch_size": sum(recent) / len(recent) if recent else None}
+                "batch_size": sum(recent) / len(recent) if recent else None,
+                "prompt_cache_bytes": cache.size if cache else 0}
 
     def work(self) -> None:
         """Until serve puts None in the queue: admit, step, finish; then the active requests are finished."""
@@ -116,6 +129,8 @@ class BatchWorker:
         s = self.generator.add(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
                                seed=job.seed, on_tokens=stream.on_tokens, start_plain=advice)
         engine.metrics.cached_prompt.inc(s.cached)
+        if self.generator.prompt_cache is not None:
+            engine.metrics.prompt_cache.set(self.generator.prompt_cache.size)
         self.live_jobs[s.seq] = (job, stream, s, advice is not None)
         engine.busy = True
         engine.metrics.active.set(len(self.live_jobs))

@@ -16,6 +16,8 @@ A request joins at the next step (`add`) and leaves when done, stopped or cancel
 for the next one. Its cache cells are removed from both contexts at once, or, with `cache_prompts` (as
 llama-server's `cache_prompt`), kept as a prefix: the next request takes the free id whose cells share the
 longest prefix with its prompt, and prefills only the rest (a chat template's system preamble, an earlier turn).
+With a prompt cache (`prompt_cache_bytes`), cells an id is about to lose are first copied to host memory, from
+where a later request with the same start gets them back in any id (runner.decoding.prompt_cache).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from runner.models.compact_llama import CompactLlama
 from runner.decoding.settings import cache_tokens
 from runner.decoding.stats import Stats
 from runner.decoding.guard import Guard, parameter_costs
+from runner.decoding.prompt_cache import CacheEntry, PromptCache
 from runner.decoding.speculative import Sampler, adapt_draft_length, finish_tokens, verify_sampled
 
 SEQUENCES_CAP = 8  # the default number of sequences, at most (fewer where their KV caches do not fit)
@@ -52,8 +55,9 @@ def default_sequences(kv_bytes_per_sequence: int, available_bytes: int, cap: int
 class SequenceCells:
     """What a context of many sequences keeps beside their cache cells: the tokens each sequence's cells hold.
     Its engines' contexts (SharedContext: llama.cpp, TorchSharedContext: torch) add `decode` (rows of
-    (sequence, tokens, all_logits) appended to their sequences in one pass; each row's logits back) and
-    `keep` (a sequence cut to its first n tokens)."""
+    (sequence, tokens, all_logits) appended to their sequences in one pass; each row's logits back), `keep` (a
+    sequence cut to its first n tokens), and `state`/`restore` (a copy of a sequence's cells, put back into
+    any sequence: the prompt cache, runner.decoding.prompt_cache)."""
 
     def __init__(self, sequences: int, n_ctx_seq: int, vocab_size: int) -> None:
         self.sequences, self.n_ctx_seq, self.vocab_size = sequences, n_ctx_seq, vocab_size
@@ -161,6 +165,21 @@ class SharedContext(SequenceCells):
         self._lib.llama_memory_seq_rm(self._memory, seq, n, -1)
         del self.contents[seq][n:]
 
+    def state(self, seq: int) -> tuple[ctypes.Array, int]:
+        """A copy of a sequence's cells (llama.cpp's own serialisation) and its size in bytes."""
+        size = self._lib.llama_state_seq_get_size(self.ctx, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        return buffer, self._lib.llama_state_seq_get_data(self.ctx, buffer, size, seq)
+
+    def restore(self, seq: int, state: ctypes.Array, tokens: list[int]) -> bool:
+        """A sequence's cells replaced by a copy `state` made, which holds `tokens`; False (the sequence emptied)
+        where llama.cpp cannot place it."""
+        if not self._lib.llama_state_seq_set_data(self.ctx, state, len(state), seq):
+            self.keep(seq, 0)
+            return False
+        self.contents[seq] = list(tokens)
+        return True
+
 
 class TorchSharedContext(SequenceCells):
     """The same over a torch model that runs runner.models.compact_llama's forward: a KV cache of many
@@ -192,6 +211,24 @@ class TorchSharedContext(SequenceCells):
     def keep(self, seq: int, n: int) -> None:
         """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
         del self.contents[seq][n:]
+
+    @torch.inference_mode()
+    def state(self, seq: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        """A copy of a sequence's cells (its keys and values) and its size in bytes."""
+        n = self.length(seq)
+        keys, values = self.cache.keys[:, seq, :, :n].clone(), self.cache.values[:, seq, :, :n].clone()
+        return (keys, values), 2 * keys.numel() * keys.element_size()
+
+    @torch.inference_mode()
+    def restore(self, seq: int, state: tuple[torch.Tensor, torch.Tensor], tokens: list[int]) -> bool:
+        """A sequence's cells replaced by a copy `state` made, which holds `tokens`."""
+        keys, values = state
+        n = keys.shape[2]
+        self.cache.reserve(n)
+        self.cache.keys[:, seq, :, :n] = keys
+        self.cache.values[:, seq, :, :n] = values
+        self.contents[seq] = list(tokens)
+        return True
 
 
 def batchable(model) -> bool:
@@ -249,14 +286,15 @@ class BatchedGenerator:
     target, draft: the pair's llama.cpp engines or compact torch models (see `batchable`; draft None: plain
     decoding). sequences: how many may be
     active at once; n_ctx_seq: the tokens one sequence may hold (prompt, new tokens and a draft's look-ahead).
-    cache_prompts: a finished sequence's cells stay as a prefix the next request may reuse (see the module).
+    cache_prompts: a finished sequence's cells stay as a prefix the next request may reuse (see the module);
+    prompt_cache_bytes: with cache_prompts, host memory for copies of cells an id is about to lose (0: none).
     The other settings are generate_speculative's, for every sequence alike.
     """
 
     def __init__(self, target: LlamaCppEngine | CompactLlama, draft: LlamaCppEngine | CompactLlama | None, *, sequences: int, n_ctx_seq: int,
                  draft_tokens: int = 5, adaptive: bool = True, draft_confidence: float = 0.0,
                  eos_ids: Iterable[int] = (), min_acceptance: float = 0.0, guard: bool = True,
-                 vocab_size: int | None = None, cache_prompts: bool = False) -> None:
+                 vocab_size: int | None = None, cache_prompts: bool = False, prompt_cache_bytes: int = 0) -> None:
         self.target = shared_context(target, sequences, n_ctx_seq)
         self.draft = shared_context(draft, sequences, n_ctx_seq) if draft is not None else None
         sizes = [self.target.vocab_size] + ([self.draft.vocab_size] if self.draft is not None else [])
@@ -266,6 +304,7 @@ class BatchedGenerator:
         self.eos, self.min_acceptance, self.use_guard = set(eos_ids), min_acceptance, guard
         self.slots: list[Sequence | None] = [None] * sequences
         self.cache_prompts = cache_prompts
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if cache_prompts and prompt_cache_bytes > 0 else None
         self._left = [0] * sequences  # when each id was last given back (a count of leavings): the oldest goes first
         self.batch_sizes: list[int] = []  # sequences in each step's target pass (a caller may drain it)
 
@@ -287,6 +326,8 @@ class BatchedGenerator:
         if room > self.target.n_ctx_seq:
             raise ValueError(f"{room} tokens exceed a sequence's context ({self.target.n_ctx_seq})")
         seq = self._seat(prompt_ids)
+        if self.prompt_cache is not None:
+            self._recall(seq, prompt_ids)
         sampler = Sampler(temperature, top_p, seed, torch.device("cpu"), self.vocab_size)
         stats = Stats()
         # A seeded sample must not depend on the clock (nor on the batch): its guard decides on a cost model.
@@ -327,6 +368,26 @@ class BatchedGenerator:
             return self.target.common_prefix(seq, prompt) if self.cache_prompts else 0
 
         return min(free, key=lambda seq: (span(seq), -prefix(seq), self._left[seq]))
+
+    def _recall(self, seq: int, prompt: list[int]) -> None:
+        """The prompt cache's part in seating a prompt on an id: the id's cells copied there if the prompt would
+        discard most of them, then the copy sharing the longest prefix with the prompt (if longer than what the
+        id holds) put into the id (runner.decoding.prompt_cache)."""
+        cache, held = self.prompt_cache, self.target.contents[seq]
+        have = self.target.common_prefix(seq, prompt)
+        if cache.should_save(held, have):
+            state, size = self.target.state(seq)
+            draft_state, draft_size = self.draft.state(seq) if self.draft else (None, 0)
+            draft_tokens = list(self.draft.contents[seq]) if self.draft else []
+            if size and (draft_size or not self.draft):  # 0: llama.cpp could not copy them
+                cache.add(CacheEntry(list(held), state, draft_tokens, draft_state, size + draft_size))
+        entry = cache.find(prompt, have)
+        if entry is None:
+            return
+        restored = self.target.restore(seq, entry.state, entry.tokens)
+        if self.draft and not (restored and self.draft.restore(seq, entry.draft_state, entry.draft_tokens)):
+            self.draft.keep(seq, 0)
+            self.target.keep(seq, 0)
 
     def _leave(self, s: Sequence, keep_cells: bool = True) -> None:
         s.done = True
