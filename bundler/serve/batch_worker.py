@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from core.errors import BundleError
-from bundler.serve.jobs import Job, JobStream
+from bundler.serve.jobs import Job, JobStream, Outbox
 from bundler.serve.openai_requests import ApiError
 from runner.decoding.batching import BatchedGenerator, Sequence, default_sequences
 from runner.checks.pairing import available_memory, check_memory
@@ -59,11 +59,13 @@ class BatchWorker:
             check_memory({**memory, "kv_cache_bytes": kv * (1 + sequences), "total_bytes": int(memory["total_bytes"]) + kv * sequences,
                           "max_tokens": f"{sequences} x {pair.context_tokens}"}, memory_budget, "cpu")
         self.engine = engine
+        self.outbox = Outbox()  # the requests' events, handed to the event loop right before each pass
         try:
             self.generator = BatchedGenerator(
                 pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens,
                 **pair.settings.loop_args(), eos_ids=pair.eos_ids, vocab_size=pair.vocab_size, cache_prompts=True,
                 prompt_cache_bytes=default_prompt_cache(left - kv * sequences) if prompt_cache is None else prompt_cache,
+                before_pass=self.outbox.send,
             )
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
             raise BundleError("memory-budget", f"--sequences {sequences}: {exc}") from None
@@ -87,8 +89,11 @@ class BatchWorker:
         stopping = False
         while True:
             while not stopping and generator.free():
+                idle = not generator.active()
+                if idle:  # no pass will come: what the requests have to hear goes now
+                    self.outbox.send()
                 try:  # wait for work only when nothing is being decoded
-                    job = engine.jobs.get(block=not generator.active())
+                    job = engine.jobs.get(block=idle)
                 except queue.Empty:
                     break
                 metrics.queue_depth.set(engine.jobs.qsize())
@@ -104,6 +109,7 @@ class BatchWorker:
                     self._finish(seq)
             if not generator.active():
                 if stopping:
+                    self.outbox.send()
                     return
                 continue
             try:
@@ -125,6 +131,7 @@ class BatchWorker:
         engine.metrics.queue_wait.observe(time.perf_counter() - job.enqueued)
         seeded = job.seed is not None and job.temperature > 0.0
         advice = self.history.advice(seeded) if engine.pair.settings.guard else None
+        job.outbox = self.outbox
         stream = JobStream(job, engine.pair.tokenizer, engine.metrics)
         s = self.generator.add(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
                                seed=job.seed, on_tokens=stream.on_tokens, start_plain=advice)

@@ -288,13 +288,16 @@ class BatchedGenerator:
     active at once; n_ctx_seq: the tokens one sequence may hold (prompt, new tokens and a draft's look-ahead).
     cache_prompts: a finished sequence's cells stay as a prefix the next request may reuse (see the module);
     prompt_cache_bytes: with cache_prompts, host memory for copies of cells an id is about to lose (0: none).
+    before_pass: called right before each step's first pass (a server hands its clients their tokens there, while
+    the pass runs without the GIL).
     The other settings are generate_speculative's, for every sequence alike.
     """
 
     def __init__(self, target: LlamaCppEngine | CompactLlama, draft: LlamaCppEngine | CompactLlama | None, *, sequences: int, n_ctx_seq: int,
                  draft_tokens: int = 5, adaptive: bool = True, draft_confidence: float = 0.0,
                  eos_ids: Iterable[int] = (), min_acceptance: float = 0.0, guard: bool = True,
-                 vocab_size: int | None = None, cache_prompts: bool = False, prompt_cache_bytes: int = 0) -> None:
+                 vocab_size: int | None = None, cache_prompts: bool = False, prompt_cache_bytes: int = 0,
+                 before_pass: Callable[[], None] | None = None) -> None:
         self.target = shared_context(target, sequences, n_ctx_seq)
         self.draft = shared_context(draft, sequences, n_ctx_seq) if draft is not None else None
         sizes = [self.target.vocab_size] + ([self.draft.vocab_size] if self.draft is not None else [])
@@ -303,7 +306,7 @@ class BatchedGenerator:
         self.draft_tokens, self.adaptive, self.draft_confidence = max(draft_tokens, 1), adaptive, draft_confidence
         self.eos, self.min_acceptance, self.use_guard = set(eos_ids), min_acceptance, guard
         self.slots: list[Sequence | None] = [None] * sequences
-        self.cache_prompts = cache_prompts
+        self.cache_prompts, self.before_pass = cache_prompts, before_pass
         self.prompt_cache = PromptCache(prompt_cache_bytes) if cache_prompts and prompt_cache_bytes > 0 else None
         self._left = [0] * sequences  # when each id was last given back (a count of leavings): the oldest goes first
         self.batch_sizes: list[int] = []  # sequences in each step's target pass (a caller may drain it)
@@ -424,7 +427,10 @@ class BatchedGenerator:
             remaining = s.max_new_tokens - len(s.tokens) - 1
             wants = self.draft is not None and (judge is None or judge.drafting(len(s.tokens)))
             plan[s.seq] = s._budget = min(s.k, judge.k_cap if judge else s.k, remaining) if wants else 0
-        drafts, qs = self._draft_all([s for s in decoding if plan[s.seq] > 0], plan)
+        drafting = [s for s in decoding if plan[s.seq] > 0]
+        if drafting and self.before_pass:
+            self.before_pass()  # the step's first pass is a draft pass
+        drafts, qs = self._draft_all(drafting, plan)
 
         rows: list[tuple[int, list[int], bool]] = []
         for s in decoding:
@@ -441,6 +447,8 @@ class BatchedGenerator:
             room -= len(chunk)
         if not rows:
             return []
+        if not drafting and self.before_pass:
+            self.before_pass()
         t0 = time.perf_counter()
         logits = self.target.decode(rows)
         seconds = time.perf_counter() - t0
