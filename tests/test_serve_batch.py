@@ -178,6 +178,28 @@ def test_a_prompt_asked_again_after_its_sequence_served_another_comes_back_from_
     assert answers[False] == answers[True] and answers[False][0] == answers[False][1]
 
 
+def test_the_outbox_holds_a_steps_events_until_send_and_delivers_them_in_order() -> None:
+    import asyncio
+
+    from bundler.serve.jobs import Job, Outbox
+
+    loop = asyncio.new_event_loop()
+    try:
+        outbox = Outbox()
+        jobs = [Job([1], 4, 0.0, 1.0, None, [], loop, asyncio.Queue(), 10.0, outbox=outbox) for _ in range(2)]
+        jobs[0].emit("text", "a")
+        jobs[1].emit("text", "x")
+        jobs[0].emit("done", {"n": 1})
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert all(job.events.empty() for job in jobs)  # held until the worker's next pass
+        outbox.send()
+        loop.run_until_complete(asyncio.sleep(0.01))
+        got = [[job.events.get_nowait() for _ in range(job.events.qsize())] for job in jobs]
+        assert got == [[("text", "a"), ("done", {"n": 1})], [("text", "x")]] and not outbox.pending
+    finally:
+        loop.close()
+
+
 def test_a_prompt_cache_size_that_is_not_a_size_is_a_usage_error(store: Path, keypair) -> None:
     result = run_bundle("serve", REF, "--key", str(keypair[1]), "--store", str(store / "store"), "--prompt-cache", "lots")
     assert result.code == 2 and "--prompt-cache" in result.err and "Traceback" not in result.err
