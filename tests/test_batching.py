@@ -284,6 +284,21 @@ def test_a_prompt_whose_id_another_request_took_comes_back_from_the_prompt_cache
             assert g.prompt_cache is None and again.cached == 0
 
 
+def test_cells_of_a_request_that_never_ran_the_draft_come_back_without_draft_cells_and_the_draft_catches_up(pair) -> None:
+    """A request advised plain never runs the draft: its copy holds the target's cells only; a later request with
+    its prompt gets those back, the draft prefills the prompt itself, and the answer is unchanged."""
+    target, draft = pair
+    generator = BatchedGenerator(target, draft, sequences=1, n_ctx_seq=N_CTX, draft_tokens=3, cache_prompts=True,
+                                 prompt_cache_bytes=64 << 20)
+    a, b = PROMPTS[2], PROMPTS[0]
+    first = generator.run([{"prompt_ids": a, "max_new_tokens": 10, "start_plain": "advised"}])[0]
+    generator.run([{"prompt_ids": b, "max_new_tokens": 10, "start_plain": "advised"}])
+    assert [e.draft_state for e in generator.prompt_cache.entries] == [None]
+    again = generator.run([{"prompt_ids": a, "max_new_tokens": 10}])[0]
+    assert again.cached == len(a) - 1 and again.draft_cached == 0 and again.stats.drafted
+    assert again.tokens == first.tokens
+
+
 def test_a_cancelled_requests_cells_never_reach_the_prompt_cache(pair) -> None:
     target, _ = pair
     generator = BatchedGenerator(target, None, sequences=1, n_ctx_seq=N_CTX, cache_prompts=True, prompt_cache_bytes=64 << 20)

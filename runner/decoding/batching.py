@@ -380,17 +380,20 @@ class BatchedGenerator:
         have = self.target.common_prefix(seq, prompt)
         if cache.should_save(held, have):
             state, size = self.target.state(seq)
-            draft_state, draft_size = self.draft.state(seq) if self.draft else (None, 0)
-            draft_tokens = list(self.draft.contents[seq]) if self.draft else []
-            if size and (draft_size or not self.draft):  # 0: llama.cpp could not copy them
+            # the draft's cells, where it has any (a request that decoded plainly never ran the draft)
+            drafted = self.draft is not None and self.draft.length(seq) > 0
+            draft_state, draft_size = self.draft.state(seq) if drafted else (None, 0)
+            if size and (draft_size or not drafted):  # 0: llama.cpp could not copy them
+                draft_tokens = list(self.draft.contents[seq]) if drafted else []
                 cache.add(CacheEntry(list(held), state, draft_tokens, draft_state, size + draft_size))
         entry = cache.find(prompt, have)
         if entry is None:
             return
-        restored = self.target.restore(seq, entry.state, entry.tokens)
-        if self.draft and not (restored and self.draft.restore(seq, entry.draft_state, entry.draft_tokens)):
-            self.draft.keep(seq, 0)
-            self.target.keep(seq, 0)
+        # Each context's cells stay what its `contents` say, restored or not (a failed restore empties the
+        # sequence), so the prefix each model keeps below is right either way.
+        self.target.restore(seq, entry.state, entry.tokens)
+        if self.draft is not None and entry.draft_state is not None:
+            self.draft.restore(seq, entry.draft_state, entry.draft_tokens)
 
     def _leave(self, s: Sequence, keep_cells: bool = True) -> None:
         s.done = True
