@@ -220,20 +220,23 @@ def test_a_client_that_goes_away_frees_its_sequence_at_the_next_step(server: Ser
 
 
 def test_a_full_queue_answers_429_while_every_sequence_is_busy(store: Path, keypair) -> None:
+    """One sequence, a queue of one: while a request decodes, of four more sent at once one waits and the others
+    are refused with 429 (at least two of them even if the first ends meanwhile: the tiny model decodes its 1024
+    tokens fast, and one waiting request then follows it, so the test does not rely on the first lasting), and
+    every request not refused is answered."""
     srv = Server(store / "store", keypair[1], "--sequences", "1", "--max-queue", "1")
     try:
-        body = {"model": REF, "prompt": PROMPTS[0], "max_tokens": 1024, "temperature": 0, "stream": True}
         first_pieces: list[float] = []
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(5) as pool:
             first = pool.submit(_stream, srv, PROMPTS[0], 1024, first_pieces)
             _wait(lambda: bool(first_pieces), "the first request to decode")
-            second = pool.submit(_stream, srv, PROMPTS[1], 4)
-            _wait(lambda: srv.metrics()[("specbundle_queue_depth", ())] == 1, "the second request to wait")
-            third = httpx.post(srv.url + "/v1/completions", json={**body, "stream": False}, timeout=30)
-            assert third.status_code == 429 and third.headers["retry-after"] == "1"
-            assert third.json()["error"]["code"] == "queue_full"
-            assert first.result()["done"] and second.result()["done"]
-        assert srv.metrics()[("specbundle_requests_total", (("status", "rejected"),))] == 1
+            body = {"model": REF, "prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0}
+            more = list(pool.map(lambda _: httpx.post(srv.url + "/v1/completions", json=body, timeout=60), range(4)))
+            assert first.result()["done"]
+        refused = [r for r in more if r.status_code == 429]
+        assert len(refused) >= 2 and all(r.status_code == 200 for r in more if r not in refused)
+        assert all(r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full" for r in refused)
+        assert srv.metrics()[("specbundle_requests_total", (("status", "rejected"),))] == len(refused)
     finally:
         assert srv.stop() == 0
 
