@@ -310,7 +310,7 @@ def test_a_cancelled_requests_cells_never_reach_the_prompt_cache(pair) -> None:
 
 
 def test_the_prompt_cache_keeps_within_its_bytes_least_recently_used_first() -> None:
-    from runner.decoding.prompt_cache import CacheEntry, PromptCache
+    from runner.decoding.prompt_cache import HEAD, CacheEntry, PromptCache
 
     def entry(tokens: list[int], size: int) -> CacheEntry:
         return CacheEntry(tokens, None, [], None, size)
@@ -329,6 +329,13 @@ def test_the_prompt_cache_keeps_within_its_bytes_least_recently_used_first() -> 
     assert cache.should_save([1, 2, 3, 4, 5], kept=2) and not cache.should_save([1, 2, 3, 4, 5], kept=3)
     assert not cache.should_save([4, 5, 6], kept=0)  # an entry holds them already
     assert not PromptCache(0).should_save([1, 2, 3], kept=0)
+    # prefixes longer than the head compared at once (HEAD tokens) are compared to the end
+    long = PromptCache(1000)
+    base = list(range(1, HEAD + 45))
+    long.add(entry(base + [1, 2], 10))
+    long.add(entry(base + [3, 4, 5], 10))
+    assert long.find(base + [3, 4, 9], have=0).tokens == base + [3, 4, 5]
+    assert long.find(base + [1, 2, 3], have=len(base) + 2) is None and not long.should_save(base + [1], kept=0)
 
 
 def test_new_requests_take_ids_next_to_the_active_ones(pair) -> None:
