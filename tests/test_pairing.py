@@ -102,3 +102,40 @@ def test_pickle_weights_are_refused_before_loading(weightless_pair):
     error = refused_before_loading(weightless_pair["root"], {})
     assert error.code == "pickle-weights"
     assert error.message.startswith("draft holds pytorch_model.bin")
+
+
+def _cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
+    for name, text in files.items():
+        (tmp_path / "sys" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sys" / name).write_text(text)
+    (tmp_path / "cgroup").write_text(proc)
+    return tmp_path / "cgroup", tmp_path / "sys"
+
+
+def test_cgroup_room_is_the_least_limit_less_usage_of_the_cgroup_and_its_ancestors(tmp_path: Path) -> None:
+    from runner.checks.pairing import cgroup_room
+
+    # cgroup v2: a pod's limit (1 GiB, 600 MiB used) under a node slice with a looser one, the root unlimited
+    proc, root = _cgroup_tree(tmp_path / "v2", "0::/kubepods/pod1\n", {
+        "memory.max": "max\n", "memory.current": "1\n",
+        "kubepods/memory.max": str(8 << 30), "kubepods/memory.current": str(1 << 30),
+        "kubepods/pod1/memory.max": str(1 << 30), "kubepods/pod1/memory.current": str(600 << 20)})
+    assert cgroup_room(proc, root) == (1 << 30) - (600 << 20)
+    # cgroup v1 (a hybrid system: the unified line has no memory files), the limit at the process's own cgroup
+    proc, root = _cgroup_tree(tmp_path / "v1", "4:memory:/job\n0::/job\n", {
+        "memory/memory.limit_in_bytes": "9223372036854771712", "memory/memory.usage_in_bytes": "5",
+        "memory/job/memory.limit_in_bytes": str(2 << 30), "memory/job/memory.usage_in_bytes": str(3 << 30)})
+    assert cgroup_room(proc, root) == 0  # over its limit already: no room, not a negative one
+    # no limit anywhere, or nothing readable: None (MemAvailable alone decides)
+    proc, root = _cgroup_tree(tmp_path / "none", "0::/\n", {"memory.max": "max", "memory.current": "7"})
+    assert cgroup_room(proc, root) is None
+    assert cgroup_room(tmp_path / "missing", root) is None
+
+
+def test_the_default_prompt_cache_fits_a_containers_limit_and_the_machine() -> None:
+    from bundler.serve.batch_worker import PROMPT_CACHE_MAX, default_prompt_cache
+
+    assert default_prompt_cache(64 << 30, None) == PROMPT_CACHE_MAX  # a big machine, no limit: at most 8 GiB
+    assert default_prompt_cache(2 << 30, None) == 1 << 30  # half what is left
+    assert default_prompt_cache(64 << 30, 300 << 20) == 150 << 20  # a pod's limit: half its room
+    assert default_prompt_cache(64 << 30, -(100 << 20)) == 0  # the KV caches alone fill the limit: none

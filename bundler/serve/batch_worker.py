@@ -18,7 +18,7 @@ is about to lose (runner.decoding.prompt_cache; `--prompt-cache`, as llama-serve
 
 from __future__ import annotations
 
-__all__ = ["BatchWorker"]
+__all__ = ["BatchWorker", "PROMPT_CACHE_MAX", "default_prompt_cache"]
 
 import collections
 import queue
@@ -29,7 +29,7 @@ from core.errors import BundleError
 from bundler.serve.jobs import Job, JobStream, Outbox
 from bundler.serve.openai_requests import ApiError
 from runner.decoding.batching import BatchedGenerator, Sequence, default_sequences
-from runner.checks.pairing import available_memory, check_memory
+from runner.checks.pairing import available_memory, cgroup_room, check_memory
 from runner.decoding.run_history import RunHistory
 
 
@@ -37,10 +37,12 @@ BATCH_WINDOW = 64  # recent steps whose mean batch size the status page shows
 PROMPT_CACHE_MAX = 8 << 30  # the prompt cache's default size at most (llama-server's --cache-ram default)
 
 
-def default_prompt_cache(left: int) -> int:
+def default_prompt_cache(left: int, room: int | None) -> int:
     """The prompt cache's default size: half the memory left once the pair and its sequences' caches are
-    counted, at most PROMPT_CACHE_MAX."""
-    return max(0, min(PROMPT_CACHE_MAX, left // 2))
+    counted (`left`; `room`: what the container's memory limit still allows besides those caches, None without
+    a limit), at most PROMPT_CACHE_MAX. MemAvailable is the node's: a pod with a 1 GiB limit on a 64 GiB node
+    would otherwise be given a cache of gigabytes, and killed when it filled."""
+    return max(0, min(PROMPT_CACHE_MAX, left // 2, room // 2 if room is not None else left))
 
 
 class BatchWorker:
@@ -64,7 +66,7 @@ class BatchWorker:
             self.generator = BatchedGenerator(
                 pair.target, pair.draft if speculate else None, sequences=sequences, n_ctx_seq=pair.context_tokens,
                 **pair.settings.loop_args(), eos_ids=pair.eos_ids, vocab_size=pair.vocab_size, cache_prompts=True,
-                prompt_cache_bytes=default_prompt_cache(left - kv * sequences) if prompt_cache is None else prompt_cache,
+                prompt_cache_bytes=self._cache_bytes(prompt_cache, left - kv * sequences, kv * sequences),
                 before_pass=self.outbox.send,
             )
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
@@ -74,6 +76,15 @@ class BatchWorker:
         self.live_jobs: dict[int, tuple[Job, JobStream, Sequence, bool]] = {}
         self.recent_batches: collections.deque[int] = collections.deque(maxlen=BATCH_WINDOW)
         engine.metrics.sequences.set(sequences)
+
+    @staticmethod
+    def _cache_bytes(asked: int | None, left: int, kv_caches: int) -> int:
+        """--prompt-cache as given, else its default (the batch's KV caches counted against the cgroup's room
+        too: they are allocated, not yet written)."""
+        if asked is not None:
+            return asked
+        room = cgroup_room()
+        return default_prompt_cache(left, room - kv_caches if room is not None else None)
 
     def live(self) -> dict[str, Any]:
         """Figures for the status page."""

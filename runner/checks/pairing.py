@@ -5,7 +5,7 @@ All of it is decided from config.json and safetensors headers, before any weight
 
 from __future__ import annotations
 
-__all__ = ["PairingPolicy", "available_memory", "check_memory", "check_pairing"]
+__all__ = ["PairingPolicy", "available_memory", "cgroup_room", "check_memory", "check_pairing"]
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -111,6 +111,41 @@ def available_memory(device: str = "cpu") -> int:
     import os
 
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+UNLIMITED = 1 << 60  # a cgroup v1 limit this high (the kernel writes 2^63 less a page) is no limit
+
+
+def cgroup_room(proc_cgroup: str | Path = "/proc/self/cgroup", root: str | Path = "/sys/fs/cgroup") -> int | None:
+    """Bytes the process's memory cgroup and its ancestors still allow (the least of limit less usage), or None
+    where none has a limit: what a container's memory limit (a Kubernetes pod's `limits.memory`) leaves, which
+    MemAvailable, the node's figure, does not show. cgroup v2 (memory.max, memory.current) and v1 (the memory
+    controller's memory.limit_in_bytes, memory.usage_in_bytes)."""
+    try:
+        lines = Path(proc_cgroup).read_text(encoding="ascii").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    rooms = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            base, files = Path(root), ("memory.max", "memory.current")
+        elif "memory" in parts[1].split(","):
+            base, files = Path(root) / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        path = parts[2].strip("/")
+        levels = [path.split("/")[:i] for i in range(path.count("/") + 2)] if path else [[]]
+        for level in levels:  # the cgroup and its ancestors, where this namespace shows them
+            try:
+                limit, usage = ((base.joinpath(*level) / name).read_text(encoding="ascii").strip() for name in files)
+                if limit != "max" and int(limit) < UNLIMITED:
+                    rooms.append(max(int(limit) - int(usage), 0))
+            except (OSError, ValueError, UnicodeDecodeError):
+                continue
+    return min(rooms) if rooms else None
 
 
 def check_memory(estimate: Mapping, budget_bytes: int | None, device: str = "cpu") -> None:
