@@ -5,6 +5,7 @@ each gets the same warm-up requests first, then the same prompts in an order tha
 draft ran, the guard's reason) and the CPU each server's threads used per token (/proc/PID/task).
 
     python benchmarks/serve_ab.py [--ref smollm2-spec-gguf:1.0.0] [--a ""] [--b "--no-draft"] [--warm 8] [--requests 12]
+    python benchmarks/serve_ab.py --a "--sequences 1 --no-draft" --b llama-server   # against llama-server, 1 slot
 
 Run it twice with --a and --b swapped: the process started first can differ from the second by a percent or two
 on a VM, and two identical servers (--a "--no-draft" --b "--no-draft") give the spread to read a ratio against.
@@ -24,11 +25,16 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from serve_load import Process, _port  # noqa: E402
+from serve_load import Process, _port, gguf_files, llama_server, llama_server_argv  # noqa: E402
 
 
 def start(args: argparse.Namespace, extra: list[str]) -> Process:
+    """`bundle serve` with the extra options; or, for `llama-server`, llama-server on the bundle's target file with one
+    slot and the threads bundle serve gives llama.cpp (its binary from serve_load.py --build)."""
     port = _port()
+    if extra == ["llama-server"]:
+        with gguf_files(args.ref, args.store, args.key) as (files, threads):  # llama-server maps the file at start
+            return Process(llama_server_argv(llama_server(build=False), files["target"], port, threads, slots=1), port)
     argv = [sys.executable, "-m", "bundler", "serve", args.ref, "--store", args.store, "--key", args.key, "--port", str(port),
             "--sequences", "8", "--max-queue", "64", *extra]
     return Process(argv, port, {"PYTHONPATH": str(ROOT)})
@@ -62,7 +68,7 @@ def main() -> None:
     ap.add_argument("--key", default="demo/work/keys/bundle.pub")
     ap.add_argument("--prompts", default=str(ROOT / "runner" / "bench" / "prompts.jsonl"))
     ap.add_argument("--a", default="", help="server A's extra `bundle serve` options")
-    ap.add_argument("--b", default="--no-draft", help="server B's extra `bundle serve` options")
+    ap.add_argument("--b", default="--no-draft", help="server B's extra `bundle serve` options, or `llama-server`")
     ap.add_argument("--warm", type=int, default=8)
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=128)

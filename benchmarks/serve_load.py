@@ -25,6 +25,7 @@ machine's speed falls on all alike; only one server is driven at a time (an idle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -79,6 +81,25 @@ def llama_server(build: bool) -> Path:
     subprocess.run(["nice", "cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
                    check=True)
     return binary
+
+
+@contextlib.contextmanager
+def gguf_files(ref: str, store: str, key: str) -> Iterator[tuple[dict[str, Path | None], int]]:
+    """The bundle's target and draft GGUF files (None where a role has none) in its verified checkout, and the
+    threads `bundle serve` gives llama.cpp; the checkout stays while the context is open."""
+    public = load_public_key(Path(key))
+    with verified_view(Store(Path(store)), parse_ref(ref), {key_id(public): public}) as checkout:
+        bundle_args = runner_args(checkout.report)
+        roles = bundle_args["roles"]
+        yield ({role: next((checkout.root / roles[role]).glob("*.gguf"), None) for role in ("target", "draft")},
+               thread_count(bundle_args["params"]))
+
+
+def llama_server_argv(binary: Path, target: Path, port: int, threads: int, slots: int, ctx_seq: int = 4096) -> list[str]:
+    """llama-server on the target file, with the threads and batch sizes of runner.engines.llamacpp; ctx_seq: the
+    context of a slot (bundle serve's prompt and answer limits, bundler.serve.app, fit in 4096)."""
+    return [str(binary), "-m", str(target), "--port", str(port), "--host", "127.0.0.1", "-t", str(threads), "-tb", str(threads),
+            "-np", str(slots), "-c", str(ctx_seq * slots), "-b", "512", "-ub", "512", "--no-webui", "--log-disable"]
 
 
 def _port() -> int:
@@ -188,15 +209,9 @@ def main() -> None:
     levels = [int(c) for c in args.clients.split(",")]
     servers = args.servers.split(",")
     binary = llama_server(args.build) if any(s.startswith("llama") for s in servers) else None
-    key = load_public_key(Path(args.key))
-    with verified_view(Store(Path(args.store)), parse_ref(args.ref), {key_id(key): key}) as checkout:
-        bundle_args = runner_args(checkout.report)
-        roles, params = bundle_args["roles"], bundle_args["params"]
-        files = {role: next((checkout.root / roles[role]).glob("*.gguf"), None) for role in ("target", "draft")}
+    with gguf_files(args.ref, args.store, args.key) as (files, threads):
         if binary and not all(files.values()):
             raise SystemExit(f"{args.ref} is not a GGUF bundle: llama-server cannot serve it (--servers bundle,bundle-1)")
-        threads = thread_count(params)  # the threads bundle serve gives llama.cpp
-        ctx_seq = 4096  # the prompt and answer limits of bundle serve (bundler.serve.app) fit in it
 
         def start(name: str, clients: int) -> Process:
             port = _port()
@@ -206,9 +221,7 @@ def main() -> None:
                         "--port", str(port), "--sequences", str(sequences), "--max-queue", "64"]
                 argv += ["--dtype", args.dtype] if args.dtype else []
                 return Process(argv + (["--no-draft"] if name == "bundle-plain" else []), port, {"PYTHONPATH": str(ROOT)})
-            argv = [str(binary), "-m", str(files["target"]), "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
-                    "-tb", str(threads), "-np", str(clients), "-c", str(ctx_seq * clients), "-b", "512", "-ub", "512",
-                    "--no-webui", "--log-disable"]  # the batch sizes of runner.engines.llamacpp
+            argv = llama_server_argv(binary, files["target"], port, threads, clients)
             if name == "llama-draft":
                 argv += ["--spec-type", "draft-simple", "-md", str(files["draft"]), "--spec-draft-n-max", str(args.draft_max),
                          "-td", str(threads), "-tbd", str(threads)]
