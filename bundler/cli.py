@@ -454,35 +454,28 @@ def _device(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     return value
 
 
-def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+def _size_option(value: str, option: str) -> int:
+    """An option's size in bytes (bundler.format.sizes), its error as click's, without the option's name twice."""
     from bundler.format.sizes import parse_size
 
-    if value is None:
-        return None
     try:
-        return parse_size(value, "--memory-budget")
+        return parse_size(value, option)
     except BundleError as err:
-        raise click.BadParameter(err.message.removeprefix("--memory-budget ")) from None
+        raise click.BadParameter(err.message.removeprefix(f"{option} ")) from None
+
+
+def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    return None if value is None else _size_option(value, "--memory-budget")
 
 
 def _prompt_cache(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from bundler.format.sizes import parse_size
-
-    if value is None or value.strip() == "0":
+    if value is None or value.strip() == "0":  # 0: no prompt cache (parse_size takes 1 byte at least)
         return None if value is None else 0
-    try:
-        return parse_size(value, "--prompt-cache")
-    except BundleError as err:
-        raise click.BadParameter(err.message.removeprefix("--prompt-cache ")) from None
+    return _size_option(value, "--prompt-cache")
 
 
 def _max_body(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from bundler.format.sizes import parse_size
-
-    try:
-        size = parse_size(value, "--max-body")
-    except BundleError as err:
-        raise click.BadParameter(err.message.removeprefix("--max-body ")) from None
+    size = _size_option(value, "--max-body")
     if size < 1:
         raise click.BadParameter("must be at least 1 byte")
     return size

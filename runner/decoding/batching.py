@@ -38,7 +38,7 @@ from runner.models.compact_llama import CompactLlama
 from runner.decoding.settings import cache_tokens
 from runner.decoding.stats import Stats
 from runner.decoding.guard import Guard, parameter_costs
-from runner.decoding.prompt_cache import CacheEntry, PromptCache
+from runner.decoding.prompt_cache import CacheEntry, PromptCache, common_prefix
 from runner.decoding.speculative import Sampler, adapt_draft_length, finish_tokens, verify_sampled
 
 SEQUENCES_CAP = 8  # the default number of sequences, at most (fewer where their KV caches do not fit)
@@ -74,11 +74,7 @@ class SequenceCells:
 
     def common_prefix(self, seq: int, tokens: list[int]) -> int:
         """How many first tokens of `tokens` the sequence's cache holds already."""
-        held = self.contents[seq]
-        n = min(len(held), len(tokens))
-        if held[:n] == tokens[:n]:
-            return n
-        return next(i for i, (a, b) in enumerate(zip(held, tokens)) if a != b)
+        return common_prefix(self.contents[seq], tokens)
 
     def _appended(self, rows: list[tuple[int, list[int], bool]], block: np.ndarray | None) -> list[np.ndarray]:
         """After a pass: each row's tokens counted in its sequence, and its logits cut from the pass's block (the
@@ -171,14 +167,13 @@ class SharedContext(SequenceCells):
         buffer = (ctypes.c_uint8 * size)()
         return buffer, self._lib.llama_state_seq_get_data(self.ctx, buffer, size, seq)
 
-    def restore(self, seq: int, state: ctypes.Array, tokens: list[int]) -> bool:
-        """A sequence's cells replaced by a copy `state` made, which holds `tokens`; False (the sequence emptied)
-        where llama.cpp cannot place it."""
+    def restore(self, seq: int, state: ctypes.Array, tokens: list[int]) -> None:
+        """A sequence's cells replaced by a copy `state` made, which holds `tokens`; the sequence emptied where
+        llama.cpp cannot place it."""
         if not self._lib.llama_state_seq_set_data(self.ctx, state, len(state), seq):
             self.keep(seq, 0)
-            return False
+            return
         self.contents[seq] = list(tokens)
-        return True
 
 
 class TorchSharedContext(SequenceCells):
@@ -220,7 +215,7 @@ class TorchSharedContext(SequenceCells):
         return (keys, values), 2 * keys.numel() * keys.element_size()
 
     @torch.inference_mode()
-    def restore(self, seq: int, state: tuple[torch.Tensor, torch.Tensor], tokens: list[int]) -> bool:
+    def restore(self, seq: int, state: tuple[torch.Tensor, torch.Tensor], tokens: list[int]) -> None:
         """A sequence's cells replaced by a copy `state` made, which holds `tokens`."""
         keys, values = state
         n = keys.shape[2]
@@ -228,7 +223,6 @@ class TorchSharedContext(SequenceCells):
         self.cache.keys[:, seq, :, :n] = keys
         self.cache.values[:, seq, :, :n] = values
         self.contents[seq] = list(tokens)
-        return True
 
 
 def batchable(model) -> bool:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 __all__ = ["HEAD", "CacheEntry", "PromptCache", "common_prefix"]
 
-from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,13 +33,12 @@ KEEP_AT_LEAST = 0.5  # an id's cells are copied here when a new request would ke
 HEAD = 256  # tokens of each entry compared with a prompt in one array operation
 
 
-def common_prefix(a: Tokens[int], b: Tokens[int]) -> int:
-    """How many first tokens two token lists share."""
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many first tokens two token lists share (a cache's cells and a prompt, two entries)."""
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    same = np.asarray(a[:n], dtype=np.int64) == np.asarray(b[:n], dtype=np.int64)
-    return n if same.all() else int(np.argmin(same))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
 
 
 @dataclass
@@ -73,7 +71,7 @@ class PromptCache:
         self.limit = max(int(limit), 0)
         self.entries: list[CacheEntry] = []
         self.size = 0  # bytes held
-        self.saved = self.restored = 0  # counts, for the metrics
+        self.saved = self.restored = 0  # entries added and found (read by tests)
         self._heads = np.zeros((0, HEAD), dtype=np.int32)  # the entries' heads, a row each, in the entries' order
         self._lengths = np.zeros(0, dtype=np.int64)  # the entries' token counts
         self._sizes = np.zeros(0, dtype=np.int64)  # and bytes
