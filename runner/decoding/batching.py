@@ -121,6 +121,7 @@ class SharedContext(SequenceCells):
             raise RuntimeError(f"llama.cpp could not create a context for {sequences} sequences of {n_ctx_seq} tokens")
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
+        self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, outputs): the logits buffer's view
 
     def close(self) -> None:
         if self._batch is not None:
@@ -151,10 +152,20 @@ class SharedContext(SequenceCells):
         if i and lib.llama_decode(self.ctx, batch) != 0:
             raise RuntimeError("llama_decode failed (the KV cache is full?)")
         outputs = sum(len(t) if a else 1 for _, t, a in rows if t)
-        pointer = lib.llama_get_logits(self.ctx)
-        block = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
-                                      shape=(outputs, self.vocab_size)) if outputs else None
-        return self._appended(rows, block)
+        return self._appended(rows, self._logits(outputs) if outputs else None)
+
+    def _logits(self, outputs: int) -> np.ndarray:
+        """The context's logits buffer as an (outputs, V) array. The view is kept for its address and shape:
+        numpy's as_array makes a ctypes array type each call (8% of a step's Python besides the pass at one
+        sequence); llama.cpp moves the buffer only when it grows it."""
+        address = ctypes.cast(self._lib.llama_get_logits(self.ctx), ctypes.c_void_p).value
+        view = self._views.get((address, outputs))
+        if view is None:
+            if len(self._views) >= 4 * N_BATCH:  # bounded: buffers given up stay out of it
+                self._views.clear()
+            pointer = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            view = self._views[(address, outputs)] = np.ctypeslib.as_array(pointer, shape=(outputs, self.vocab_size))
+        return view
 
     def keep(self, seq: int, n: int) -> None:
         """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
@@ -411,11 +422,14 @@ class BatchedGenerator:
         token, q = s.sampler.pick(torch.from_numpy(logits[-1:]))
         return int(token), q
 
-    @torch.inference_mode()
     def step(self) -> list[Sequence]:
         """One step of every active sequence: the drafts of those whose guard says to draft (one batched
         draft pass per draft position), then one batched target pass (prompt chunks, single steps and verify
         passes together). Returns the sequences that finished in it."""
+        # Not under torch.inference_mode() as a whole: torch's passes enter it themselves
+        # (TorchSharedContext.decode), and the rest (sampling, verifying) works on tensors made from logits,
+        # which need no grad. The decorator made and entered a context a step: 16% of a step's Python
+        # besides the pass (py-spy, one streaming client, GGUF demo, 2-core AVX2 EPYC).
         decoding = [s for s in self.active() if s.last is not None]
         prefilling = [s for s in self.active() if s.last is None]
         plan: dict[int, int] = {}
