@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from runner.engines.llamacpp import N_BATCH, LlamaCppEngine
+from runner.engines.llamacpp import N_BATCH, LlamaCppEngine, LogitsBuffer
 from runner.models.compact_llama import CompactLlama
 from runner.decoding.settings import cache_tokens
 from runner.decoding.stats import Stats
@@ -121,7 +121,7 @@ class SharedContext(SequenceCells):
             raise RuntimeError(f"llama.cpp could not create a context for {sequences} sequences of {n_ctx_seq} tokens")
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
-        self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, outputs): the logits buffer's view
+        self._logits = LogitsBuffer(llama_cpp, self.ctx, self.vocab_size)
 
     def close(self) -> None:
         if self._batch is not None:
@@ -152,20 +152,7 @@ class SharedContext(SequenceCells):
         if i and lib.llama_decode(self.ctx, batch) != 0:
             raise RuntimeError("llama_decode failed (the KV cache is full?)")
         outputs = sum(len(t) if a else 1 for _, t, a in rows if t)
-        return self._appended(rows, self._logits(outputs) if outputs else None)
-
-    def _logits(self, outputs: int) -> np.ndarray:
-        """The context's logits buffer as an (outputs, V) array. The view is kept for its address and shape:
-        numpy's as_array makes a ctypes array type each call (8% of a step's Python besides the pass at one
-        sequence); llama.cpp moves the buffer only when it grows it."""
-        address = ctypes.cast(self._lib.llama_get_logits(self.ctx), ctypes.c_void_p).value
-        view = self._views.get((address, outputs))
-        if view is None:
-            if len(self._views) >= 4 * N_BATCH:  # bounded: buffers given up stay out of it
-                self._views.clear()
-            pointer = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
-            view = self._views[(address, outputs)] = np.ctypeslib.as_array(pointer, shape=(outputs, self.vocab_size))
-        return view
+        return self._appended(rows, self._logits.rows(outputs) if outputs else None)
 
     def keep(self, seq: int, n: int) -> None:
         """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""

@@ -8,7 +8,7 @@ logits for every position (a verify pass of k + 1 tokens) and the removal of the
 
 from __future__ import annotations
 
-__all__ = ["LlamaCppEngine", "N_BATCH", "Pieces", "load", "open_llama", "version", "vocab_tokenize"]
+__all__ = ["LlamaCppEngine", "LogitsBuffer", "N_BATCH", "Pieces", "load", "open_llama", "version", "vocab_tokenize"]
 
 import contextlib
 import ctypes
@@ -127,6 +127,28 @@ def version() -> str:
     return llama_cpp.__version__
 
 
+class LogitsBuffer:
+    """A llama.cpp context's logits buffer as a numpy array of its first n rows (each of `vocab_size` floats),
+    a view valid until the context's next decode. The views are kept for the buffer's address: numpy's as_array
+    makes a ctypes array type each call (8% of a batched step's Python besides the pass at one sequence,
+    py-spy); llama.cpp moves the buffer only when it grows it, and the old views then go."""
+
+    def __init__(self, lib, ctx, vocab_size: int) -> None:  # lib: the llama_cpp module; ctx: its context
+        self._lib, self._ctx, self._vocab_size = lib, ctx, vocab_size
+        self._address: int | None = None
+        self._views: dict[int, np.ndarray] = {}  # rows: the view (at most N_BATCH of them)
+
+    def rows(self, n: int) -> np.ndarray:
+        address = ctypes.cast(self._lib.llama_get_logits(self._ctx), ctypes.c_void_p).value
+        if address != self._address:
+            self._address, self._views = address, {}
+        view = self._views.get(n)
+        if view is None:
+            pointer = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            view = self._views[n] = np.ctypeslib.as_array(pointer, shape=(n, self._vocab_size))
+        return view
+
+
 class LlamaCppEngine:
     """A GGUF model behind the engine interface (runner.engines.Engine)."""
 
@@ -145,6 +167,7 @@ class LlamaCppEngine:
         self.parameters = int(llama_cpp.llama_model_n_params(self.llm.model))
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
         self._memory = llama_cpp.llama_get_memory(self.llm.ctx)
+        self._logits = LogitsBuffer(llama_cpp, self.llm.ctx, self.vocab_size)
         self.n = 0
 
     def __del__(self) -> None:
@@ -169,11 +192,8 @@ class LlamaCppEngine:
         if self._lib.llama_decode(self.llm.ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
         self.n += len(ids)
-        rows = len(ids) if all_logits else 1
-        pointer = self._lib.llama_get_logits(self.llm.ctx)
         # the context reuses its buffer on the next decode: copy
-        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
-                                     shape=(rows, self.vocab_size)).copy()
+        return self._logits.rows(len(ids) if all_logits else 1).copy()
 
     def forward(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         tokens = ids.view(-1).tolist()
