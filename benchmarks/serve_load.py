@@ -17,9 +17,16 @@ All servers are started first and stay up, once per concurrency N (`llama-server
 --sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same); they
 take turns within each round and concurrency, in an order that reverses every round, so a drift of the
 machine's speed falls on all alike; only one server is driven at a time (an idle one waits without the CPU).
+A turn is N x --requests-per-client requests; a round has as many turns per server as give each at least
+--min-requests, the order reversing at every turn (ABBA ABBA): at one client a round of one turn of 2
+requests lasted 2 s a server, and a 2-core VM's speed varies by 10% over seconds (rounds of one run gave
+0.91 and 0.99x), while one turn of 8 requests a server spread each round over a minute, in which a swell of
+the machine's speed favoured the servers in the middle of the order (rounds of 0.86 and 0.97x). Short
+turns that alternate often share the drift out evenly.
 
     python benchmarks/serve_load.py --build [--ref smollm2-spec-gguf:1.0.0] [--store demo/work/store]
-        [--key demo/work/keys/bundle.pub] [--clients 1,4,8] [--rounds 2] [--max-tokens 128] [--out FILE]
+        [--key demo/work/keys/bundle.pub] [--clients 1,4,8] [--rounds 2] [--requests-per-client 2] [--min-requests 16]
+        [--max-tokens 128] [--out FILE]
 """
 
 from __future__ import annotations
@@ -172,16 +179,21 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def drive(url: str, prompts: list[str], clients: int, max_tokens: int) -> dict:
-    """`clients` threads, each streaming its share of the prompts one after another."""
+def drive(url: str, prompts: list[str], clients: int, max_tokens: int) -> tuple[list[dict], float]:
+    """`clients` threads, each streaming its share of the prompts one after another: each request's result
+    and the turn's wall time."""
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = list(pool.map(lambda p: stream(url, p, max_tokens), prompts))
-    wall = time.perf_counter() - start
-    ttft = [r["ttft_s"] for r in results]
-    itl = [g for r in results for g in r["itl_s"]]
-    return {"requests": len(results), "tokens": sum(r["tokens"] for r in results), "wall_s": wall,
-            "tokens_per_second": sum(r["tokens"] for r in results) / wall,
+    return results, time.perf_counter() - start
+
+
+def summarize(requests: list[dict], wall: float) -> dict:
+    """A server's turns of a round at one concurrency: aggregate tokens/s, TTFT and inter-token percentiles."""
+    ttft = [r["ttft_s"] for r in requests]
+    itl = [g for r in requests for g in r["itl_s"]]
+    tokens = sum(r["tokens"] for r in requests)
+    return {"requests": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_second": tokens / wall,
             "ttft_p50_s": _pct(ttft, 0.5), "ttft_p99_s": _pct(ttft, 0.99),
             "itl_p50_s": _pct(itl, 0.5), "itl_p99_s": _pct(itl, 0.99)}
 
@@ -194,6 +206,9 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(ROOT / "runner" / "bench" / "prompts.jsonl"))
     ap.add_argument("--clients", default="1,4,8")
     ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--min-requests", type=int, default=16,
+                    help="requests each server answers in a round at every concurrency, at least (in turns of N x "
+                         "--requests-per-client)")
     ap.add_argument("--warmup", type=int, default=4,
                     help="whole requests each server answers before the rounds (a bundle server with no run history "
                          "for this machine speculates in its first three and then knows whether the draft pays)")
@@ -241,16 +256,25 @@ def main() -> None:
                     procs[(name, clients)] = proc = start(name, clients)
                     for i in range(args.warmup):  # the same for every server, from the end of the prompts
                         stream(proc.url, prompts[-1 - i % len(prompts)], args.max_tokens)
+            offset = 0
             for round_ in range(args.rounds):
                 for clients in levels:
-                    # the same prompts for every server in this round and concurrency, another slice next time
-                    offset = (round_ * len(levels) + levels.index(clients)) * clients * args.requests_per_client
-                    batch = [prompts[(offset + i) % len(prompts)] for i in range(clients * args.requests_per_client)]
-                    for name in (servers if round_ % 2 == 0 else servers[::-1]):
-                        proc = procs[(name, clients)]
-                        result = drive(proc.url, batch, clients, args.max_tokens)
+                    # Turns of N x requests-per-client requests, as many as give each server --min-requests in the
+                    # round, the servers' order reversing at every turn (ABBA ABBA ...); the same prompts for every
+                    # server in a turn, the next slice in the next.
+                    size = clients * args.requests_per_client
+                    turns = max(1, -(-args.min_requests // size))
+                    done: dict[str, tuple[list[dict], float]] = {name: ([], 0.0) for name in servers}
+                    for t in range(turns):
+                        batch = [prompts[(offset + i) % len(prompts)] for i in range(size)]
+                        offset += size
+                        for name in (servers if (round_ * turns + t) % 2 == 0 else servers[::-1]):
+                            requests, wall = drive(procs[(name, clients)].url, batch, clients, args.max_tokens)
+                            done[name] = (done[name][0] + requests, done[name][1] + wall)
+                    for name in servers:
+                        result = summarize(*done[name])
                         results[name][str(clients)].append(result)
-                        print(json.dumps({"round": round_, "clients": clients, "server": name,
+                        print(json.dumps({"round": round_, "clients": clients, "server": name, "turns": turns,
                                           **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}),
                               file=sys.stderr, flush=True)
         finally:
@@ -292,7 +316,8 @@ def main() -> None:
         summary[str(clients)] = {"medians": row, "tokens_per_second_over_run": run, "ratios_over_run": over_run,
                                  "ratios_per_round": ratios}
     out = {"cpu": cpu_info(), "load_average": os.getloadavg(), "threads": threads, "ref": args.ref, "dtype": args.dtype,
-           "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client, "warmup": args.warmup,
+           "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
+           "min_requests": args.min_requests, "warmup": args.warmup,
            "llama_server": str(binary) if binary else None, "summary": summary, "runs": results}
     text = json.dumps(out, indent=2)
     print(text)
