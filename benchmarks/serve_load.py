@@ -15,14 +15,14 @@
 
 All servers are started first and stay up, once per concurrency N (`llama-server -np N`, `bundle serve
 --sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same); they
-take turns within each round and concurrency, in an order that reverses every round, so a drift of the
+take turns within each round and concurrency, in an order that reverses at every turn, so a drift of the
 machine's speed falls on all alike; only one server is driven at a time (an idle one waits without the CPU).
 A turn is N x --requests-per-client requests; a round has as many turns per server as give each at least
---min-requests, the order reversing at every turn (ABBA ABBA): at one client a round of one turn of 2
-requests lasted 2 s a server, and a 2-core VM's speed varies by 10% over seconds (rounds of one run gave
-0.91 and 0.99x), while one turn of 8 requests a server spread each round over a minute, in which a swell of
-the machine's speed favoured the servers in the middle of the order (rounds of 0.86 and 0.97x). Short
-turns that alternate often share the drift out evenly.
+--min-requests (ABBA ABBA): at one client a round of one turn of 2 requests lasted 2 s a server, and a
+2-core VM's speed varies by 10% over seconds (rounds of one run gave 0.91 and 0.99x), while one turn of 8
+requests a server spread each round over a minute, in which a swell of the machine's speed favoured the
+servers in the middle of the order (rounds of 0.86 and 0.97x). Short turns that alternate often share the
+drift out evenly.
 
     python benchmarks/serve_load.py --build [--ref smollm2-spec-gguf:1.0.0] [--store demo/work/store]
         [--key demo/work/keys/bundle.pub] [--clients 1,4,8] [--rounds 2] [--requests-per-client 2] [--min-requests 16]
@@ -247,8 +247,8 @@ def main() -> None:
         # llama-server with -np N, `bundle serve` with --sequences N, so that each pair of servers answers the
         # same requests in the same order and keeps the same prompts cached (with 24 prompts a later round repeats
         # an earlier one's: a server that saw them at that concurrency answers from its prompt cache). They take
-        # turns batch by batch, in an order that reverses every round (ABBA): a drift of the machine's speed within
-        # a round then falls on all alike instead of on the one that ran last.
+        # turns, in an order that reverses at every turn (ABBA): a drift of the machine's speed within a round then
+        # falls on all alike instead of on the one that ran last.
         procs: dict[tuple[str, int], Process] = {}
         try:
             for name in servers:
@@ -264,15 +264,17 @@ def main() -> None:
                     # server in a turn, the next slice in the next.
                     size = clients * args.requests_per_client
                     turns = max(1, -(-args.min_requests // size))
-                    done: dict[str, tuple[list[dict], float]] = {name: ([], 0.0) for name in servers}
+                    answered: dict[str, list[dict]] = {name: [] for name in servers}
+                    walls = dict.fromkeys(servers, 0.0)
                     for t in range(turns):
                         batch = [prompts[(offset + i) % len(prompts)] for i in range(size)]
                         offset += size
                         for name in (servers if (round_ * turns + t) % 2 == 0 else servers[::-1]):
                             requests, wall = drive(procs[(name, clients)].url, batch, clients, args.max_tokens)
-                            done[name] = (done[name][0] + requests, done[name][1] + wall)
+                            answered[name] += requests
+                            walls[name] += wall
                     for name in servers:
-                        result = summarize(*done[name])
+                        result = summarize(answered[name], walls[name])
                         results[name][str(clients)].append(result)
                         print(json.dumps({"round": round_, "clients": clients, "server": name, "turns": turns,
                                           **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}),
