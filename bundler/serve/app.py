@@ -549,13 +549,13 @@ def serve_bundle(
     the port is opened), then serve until SIGTERM/SIGINT; in-flight requests are finished (bounded) first.
 
     from_dir: a directory `bundle fetch` filled, served instead of `ref` from the store once its evidence and
-    every file's hash hold (bundler.verbs.fetch). sequences: requests decoded at once where the models can decode
+    every file's hash hold (bundler.verbs.fromdir). sequences: requests decoded at once where the models can decode
     in a batch (default: as many KV caches as fit, at most 8); speculate False: the target alone there (a
     baseline for benchmarks/serve_load.py); prompt_cache: bytes of host memory for copies of cache cells there
     (bundler.serve.batch_worker; None: its default)."""
     import uvicorn
 
-    from bundler.verbs.fetch import loaded_dir
+    from bundler.verbs.fromdir import loaded_dir
     from bundler.verbs.run import loaded_bundle, run_history
 
     context = (SERVE_PROMPT_TOKENS, SERVE_MAX_NEW_TOKENS)
