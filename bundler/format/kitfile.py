@@ -25,6 +25,8 @@ KITFILE_NAMES = ("Kitfile", "kitfile", ".kitfile")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt", ".pickle")
 MODEL_ROLES = ("target", "draft")
 REQUIRED_ROLES = ("target", "draft", "tokenizer")
+# The methods a bundle without a draft model may name: proposals that need no weights (runner.decoding.ngram).
+DRAFT_FREE_METHODS = ("ngram",)
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,13 @@ class Kitfile:
     def parameters(self) -> dict[str, Any]:
         return dict(self.data["model"].get("parameters") or {})
 
+    @property
+    def has_draft(self) -> bool:
+        """Whether the bundle carries a draft model (one without asks for draft-free speculation)."""
+        return any(spec.role == "draft" for spec in self.layers)
+
     def role_paths(self) -> dict[str, str]:
-        """role -> path for the three roles the runner needs."""
+        """role -> path for the roles the runner needs: target, tokenizer and, where the bundle has one, draft."""
         return {spec.role: spec.path for spec in self.layers if spec.role in REQUIRED_ROLES}
 
 
@@ -116,12 +123,26 @@ def _layer_specs(data: dict[str, Any], where: str) -> tuple[LayerSpec, ...]:
         if spec.path in seen:
             raise _invalid(where, f"path {spec.path!r} appears twice ({seen[spec.path]} and {spec.section})")
         seen[spec.path] = spec.section
+    draft_free = _speculative_methods(data, where) == DRAFT_FREE_METHODS
     for role in REQUIRED_ROLES:
         count = sum(spec.role == role for spec in specs)
+        if count == 0 and role == "draft" and draft_free:
+            continue
         if count != 1:
             what = "missing" if count == 0 else f"given {count} times"
-            raise _invalid(where, f"the {role} role is {what}: a bundle has one target (model.path), one part of type draft and one of type tokenizer")
+            raise _invalid(where, f"the {role} role is {what}: a bundle has one target (model.path), one part of type draft and one of type tokenizer"
+                           + (" (a bundle without a draft asks for draft-free speculation: model.parameters.speculative.methods: [ngram])" if role == "draft" and count == 0 else ""))
     return tuple(specs)
+
+
+def _speculative_methods(data: dict[str, Any], where: str) -> tuple[str, ...] | None:
+    """The methods the Kitfile names (None: not named), checked against the prompt-lookup sizes given."""
+    speculative = (data["model"].get("parameters") or {}).get("speculative") or {}
+    ngram = speculative.get("ngram") or {}
+    if ngram.get("min_n") and ngram.get("max_n") and ngram["min_n"] > ngram["max_n"]:
+        raise _invalid(where, f"model.parameters.speculative.ngram: min_n {ngram['min_n']} is above max_n {ngram['max_n']}")
+    methods = speculative.get("methods")
+    return tuple(methods) if methods else None
 
 
 def parse_kitfile(text: str, where: str = "Kitfile") -> Kitfile:
@@ -153,6 +174,8 @@ def _friendly(error: jsonschema.ValidationError) -> str:
     if error.validator == "minItems" and field == "parts" and isinstance(error.instance, list):
         present = {p.get("type") for p in error.instance if isinstance(p, dict)}
         missing = [role for role in ("draft", "tokenizer") if role not in present]
+        if missing == ["draft"]:
+            return "no draft part (add `- {name: draft, path: draft/, type: draft}`, or ask for draft-free speculation: model.parameters.speculative.methods: [ngram])"
         if missing:
             return "no " + " and no ".join(f"{r} part (add `- {{name: {r}, path: {r}/, type: {r}}}`)" for r in missing)
         return f"needs at least {error.validator_value} parts: a draft and a tokenizer"

@@ -4,14 +4,27 @@ caches with it before torch is imported."""
 
 from __future__ import annotations
 
-__all__ = ["DecodingSettings", "cache_tokens", "draft_length", "thread_count"]
+__all__ = ["ALL_METHODS", "DecodingSettings", "cache_tokens", "default_methods", "draft_length", "thread_count"]
 
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS
+
 DEFAULT_DRAFT_TOKENS = 5  # k when neither the command line nor the bundle names one
+# How a step proposes: the bundle's draft model, prompt lookup (runner.decoding.ngram), or prompt lookup
+# first with the draft model where it finds no match. Plain decoding is always the guard's fallback.
+ALL_METHODS = ("ngram+draft", "draft", "ngram")
+DRAFT_FREE_METHODS = ("ngram",)
+# Fields the proposers read; the loop's keyword arguments are the others (loop_args).
+PROPOSER_FIELDS = ("methods", "ngram_min", "ngram_max", "ngram_tokens")
+
+
+def default_methods(has_draft: bool) -> tuple[str, ...]:
+    """Every method a bundle's parts allow: all three with a draft model, prompt lookup alone without."""
+    return ALL_METHODS if has_draft else DRAFT_FREE_METHODS
 
 
 def draft_length(params: Mapping[str, Any], override: int | None = None) -> int:
@@ -41,19 +54,34 @@ class DecodingSettings:
     draft_confidence: float = 0.0  # a draft stops early below this probability of its whole proposal
     min_acceptance: float = 0.0  # the guard falls back below this per-token acceptance
     guard: bool = True  # fall back to plain decoding when the draft does not pay
+    methods: tuple[str, ...] = ALL_METHODS  # the proposers the guard may choose among, per sequence
+    ngram_min: int = DEFAULT_MIN_N  # prompt lookup matches suffixes of ngram_min..ngram_max tokens
+    ngram_max: int = DEFAULT_MAX_N
+    ngram_tokens: int = DEFAULT_NGRAM_TOKENS  # k of a prompt-lookup proposal
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], override: int | None = None) -> DecodingSettings:
+    def from_params(cls, params: Mapping[str, Any], override: int | None = None, *,
+                    has_draft: bool = True) -> DecodingSettings:
         """params: the Kitfile's speculative parameters (bundler.verbs.run.runner_params); override: --draft-tokens.
-        A number left empty (null) is its default."""
+        A number left empty (null) is its default; methods left out are every method the parts allow
+        (has_draft: the bundle has a draft model). The Kitfile check has validated the values."""
+        ngram = params.get("ngram") or {}
         return cls(
             draft_tokens=draft_length(params, override),
             adaptive=bool(params.get("adaptive", True)),
             draft_confidence=float(params.get("draft_confidence") or 0.0),
             min_acceptance=float(params.get("min_acceptance") or 0.0),
             guard=bool(params.get("guard", True)),
+            methods=tuple(params.get("methods") or default_methods(has_draft)),
+            ngram_min=int(ngram.get("min_n") or DEFAULT_MIN_N),
+            ngram_max=int(ngram.get("max_n") or DEFAULT_MAX_N),
+            ngram_tokens=int(ngram.get("draft_tokens") or DEFAULT_NGRAM_TOKENS),
         )
 
     def loop_args(self) -> dict[str, Any]:
-        """The settings as keyword arguments of the decoding loop."""
-        return asdict(self)
+        """The settings as keyword arguments of the decoding loop (the proposers' fields: proposer_args)."""
+        return {name: value for name, value in asdict(self).items() if name not in PROPOSER_FIELDS}
+
+    def proposer_args(self) -> dict[str, Any]:
+        """The methods the guard may choose among and the prompt-lookup proposer's settings."""
+        return {name: getattr(self, name) for name in PROPOSER_FIELDS}
