@@ -83,13 +83,42 @@ def _read_body(resp: requests.Response, what: str, limit: int = MAX_JSON_BLOB) -
 
 
 def _descriptor(item: Any, what: str, limit: int | None = None) -> Descriptor:
-    if not isinstance(item, dict) or not isinstance(item.get("digest"), str) or not isinstance(item.get("size"), int) or item["size"] < 0:
+    size = item.get("size") if isinstance(item, dict) else None
+    if not isinstance(item, dict) or not isinstance(item.get("digest"), str) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise BundleError("invalid-bundle", f"{what}: a descriptor without digest or size")
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", item["digest"]):
-        raise BundleError("invalid-bundle", f"{what}: unsupported digest {item['digest']!r}")
+        raise BundleError("invalid-bundle", f"{what}: unsupported digest {item['digest'][:80]!r}")
     if limit is not None and item["size"] > limit:
         raise BundleError("invalid-bundle", f"{what}: blob {item['digest'][:19]}… claims {item['size']} bytes, more than {limit}")
-    return Descriptor(str(item.get("mediaType", "")), item["digest"], item["size"])
+    media_type = item.get("mediaType", "")
+    if not isinstance(media_type, str):
+        raise BundleError("invalid-bundle", f"{what}: a descriptor whose mediaType is not a string")
+    return Descriptor(media_type, item["digest"], item["size"])
+
+
+def _listed(manifests: list[Any], what: str, artifact_type: str) -> list[Descriptor]:
+    """The well-formed entries of a referrers index of `artifact_type`: anyone who can push a referrer can
+    list anything, so a malformed entry is skipped, never the end of the pull."""
+    out = []
+    for item in manifests:
+        if isinstance(item, dict) and item.get("artifactType") == artifact_type:
+            try:
+                out.append(_descriptor(item, what, MAX_JSON_BLOB))
+            except BundleError:
+                continue
+    return out
+
+
+def _referrer_manifest(client: Client, desc: Descriptor, what: str) -> tuple[bytes, str] | None:
+    """(bytes, digest) of a manifest a referrers index lists, or None when the registry has no such manifest
+    (an index entry anyone could write)."""
+    try:
+        data, digest, _ = _get_manifest(client, desc.digest, what, expect=desc.digest)
+    except BundleError as err:
+        if err.code == "registry-not-found":
+            return None
+        raise
+    return data, digest
 
 
 def referrers(client: Client, digest: str, artifact_type: str = SIG_TYPE) -> list[Descriptor]:
@@ -109,7 +138,7 @@ def referrers(client: Client, digest: str, artifact_type: str = SIG_TYPE) -> lis
     manifests = index.get("manifests") if isinstance(index, dict) else None
     if not isinstance(manifests, list):
         raise BundleError("registry", f"{what}: the referrers index lists no manifests")
-    return [_descriptor(m, what, MAX_JSON_BLOB) for m in manifests if isinstance(m, dict) and m.get("artifactType") == artifact_type]
+    return _listed(manifests, what, artifact_type)
 
 
 # run records (bundler.trust.runrecord): carried like signatures; pull only moves them (digests checked),
@@ -124,7 +153,10 @@ def remote_records(client: Client, subject: str) -> Records:
         what = f"run record {ref_desc.digest[:19]}…"
         if ref_desc.size > recordlimits.MAX_RECORD_BYTES:
             continue  # larger than any record pull keeps: not even read
-        data, digest, _ = _get_manifest(client, ref_desc.digest, what, expect=ref_desc.digest)
+        found = _referrer_manifest(client, ref_desc, what)
+        if found is None:
+            continue
+        data, digest = found
         try:
             body = boundedjson.loads(data, what)
         except BundleError:  # not JSON, or a nesting bomb: not a record
@@ -371,7 +403,10 @@ def _signature_candidates(
     # At most MAX_SIGNATURES candidates of each kind (model-signing, cosign-style): anyone able to attach
     # referrers can attach thousands.
     for sig in referrers(client, digest)[:2 * MAX_SIGNATURES]:
-        data, sig_digest, _ = _get_manifest(client, sig.digest, f"signature {sig.digest[:19]}…", expect=sig.digest)
+        found = _referrer_manifest(client, sig, f"signature {sig.digest[:19]}…")
+        if found is None:
+            continue
+        data, sig_digest = found
         try:
             body = boundedjson.loads(data, f"signature {sig_digest[:19]}…")
         except BundleError:

@@ -42,6 +42,7 @@ from bundler.format.mediatypes import SIGSTORE_BUNDLE, SIGSTORE_BUNDLE_TYPES
 from bundler.trust import dsse
 from core.errors import BundleError
 from bundler.trust.keys import PrivateKey, PublicKey
+from bundler.trust.signature import signed_expiry
 
 PREDICATE_TYPE = "https://sigstore.dev/cosign/sign/v1"
 CONTENT_ANNOTATION = "dev.sigstore.bundle.content"
@@ -182,10 +183,14 @@ def verify_digest(bundle_json: bytes, trusted: Mapping[str, PublicKey], manifest
     dsse.require_object(public_key, "verificationMaterial.publicKey", required=set(), optional={"hint"})
     envelope = dsse.parse_envelope(bundle["dsseEnvelope"], "dsseEnvelope")
 
+    hint = public_key.get("hint")
+    if hint is not None and not isinstance(hint, str):
+        raise dsse.invalid("cosign signature's verificationMaterial.publicKey.hint is not a string")
+
     by_id = dsse.trusted_by_id(trusted)
     # The hint lies outside the signed bytes: used only to try the named key first (cosign's or ours).
     hints = {cosign_hint(key): kid for kid, key in by_id.items()} | {kid: kid for kid in by_id}
-    signer = dsse.verify_signer(envelope, trusted, hints.get(public_key.get("hint")))
+    signer = dsse.verify_signer(envelope, trusted, hints.get(hint) if hint else None)
 
     statement = _statement(envelope.payload)
     subject = statement["subject"][0]
@@ -193,13 +198,10 @@ def verify_digest(bundle_json: bytes, trusted: Mapping[str, PublicKey], manifest
     if signed != manifest_digest:
         raise BundleError("signature-mismatch", f"cosign signature is over manifest {signed[:19]}…, this bundle is {manifest_digest[:19]}…")
     claims = CosignClaims(signer, signed, dict(subject.get("annotations") or {}), statement)
-    if claims.expires is not None:
-        try:
-            expires = dt.datetime.fromisoformat(claims.expires.replace("Z", "+00:00"))
-        except ValueError as err:
-            raise dsse.invalid(f"cosign signature's {EXPIRES_ANNOTATION} {claims.expires!r} is not a timestamp") from err
-        if expires <= (now or dt.datetime.now(dt.timezone.utc)):
-            raise BundleError("expired", f"cosign signature expired at {claims.expires}")
+    # Read from the annotations themselves: a value of another type is refused, never taken as "no expiry".
+    expires = signed_expiry(claims.annotations.get(EXPIRES_ANNOTATION), f"cosign signature's {EXPIRES_ANNOTATION}")
+    if expires is not None and expires <= (now or dt.datetime.now(dt.timezone.utc)):
+        raise BundleError("expired", f"cosign signature expired at {claims.expires}")
     return claims
 
 

@@ -26,11 +26,11 @@ def version_key(version: str) -> tuple:
     pre-release identifiers compared one by one, numeric ones numerically and below alphanumeric ones,
     a shorter list of equal identifiers first (1.0.0-rc.9 < 1.0.0-rc.10 < 1.0.0)."""
     core, _, pre = version.split("+", 1)[0].partition("-")
-    nums = tuple(int(x) if x.isdigit() else 0 for x in core.split("."))
+    nums = tuple(int(x) if x.isascii() and x.isdigit() else 0 for x in core.split("."))
     nums = (nums + (0, 0, 0))[:3] if len(nums) <= 3 else nums
     if not pre:
         return (nums, (1,))
-    ids = tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in pre.split("."))
+    ids = tuple((0, int(x), "") if x.isascii() and x.isdigit() else (1, 0, x) for x in pre.split("."))
     return (nums, (0, ids))
 
 
@@ -102,9 +102,10 @@ def merge(mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
     out = dict(mine)
     for key, seen in theirs.items():
         old = out.get(key)
-        if not old:
+        if not isinstance(old, dict) or not isinstance(seen, dict):  # a damaged entry: what verify recorded wins
             out[key] = seen
             continue
-        highest = max((v for v in (old.get("highest"), seen.get("highest")) if v), key=version_key, default=None)
-        out[key] = {"highest": highest, "digests": {**seen.get("digests", {}), **old.get("digests", {})}}
+        highest = max((v for v in (old.get("highest"), seen.get("highest")) if v and isinstance(v, str)), key=version_key, default=None)
+        digests = [d if isinstance(d, dict) else {} for d in (seen.get("digests"), old.get("digests"))]
+        out[key] = {"highest": highest, "digests": {**digests[0], **digests[1]}}
     return out

@@ -148,10 +148,10 @@ def _own_expired(store: Store, subject_digest: str, public_key: Any) -> list[str
     for desc, payload in find_signatures(store, subject_digest):
         try:
             claims = signature.verify(payload, {kid: public_key})
-            expires = claims.bundle.get("expires")
-            if isinstance(expires, str) and signature.parse_time(expires) <= now:
+            expires = signature.signed_expiry(claims.bundle.get("expires"), "signed expires")
+            if expires is not None and expires <= now:
                 out.append(desc.digest)
-        except BundleError:
+        except BundleError:  # not this key's, or an expiry verify refuses anyway: left as it is
             continue
     return out
 

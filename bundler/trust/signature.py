@@ -19,11 +19,12 @@ from __future__ import annotations
 
 __all__ = [
     "PREDICATE_TYPE", "SignedClaims", "format_time", "named_key", "parse_time", "read_unverified", "sign",
-    "verify",
+    "signed_expiry", "verify",
 ]
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -151,11 +152,28 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_time(text: str) -> datetime:
-    """Parse a `created` / `expires` field (RFC 3339 UTC, `Z` suffix) to an aware datetime."""
-    if not isinstance(text, str) or not text.endswith("Z"):
-        raise ValueError(f"not an RFC 3339 UTC timestamp: {text!r}")
+# RFC 3339 in UTC with the `Z` suffix, whole seconds or a fraction: the one form `created` and `expires` take.
+_UTC_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z")
+
+
+def parse_time(text: Any) -> datetime:
+    """Parse a `created` / `expires` field (RFC 3339 UTC, `Z` suffix) to an aware datetime.
+
+    Any other form (no zone, an offset, a date that does not exist, not a string) raises ValueError."""
+    if not isinstance(text, str) or not _UTC_TIMESTAMP.fullmatch(text):
+        raise ValueError(f"not an RFC 3339 UTC timestamp (YYYY-MM-DDTHH:MM:SSZ): {text!r}"[:200])
     return datetime.fromisoformat(text[:-1] + "+00:00").astimezone(timezone.utc)
+
+
+def signed_expiry(value: Any, where: str) -> datetime | None:
+    """The moment a signature's `expires` value names (None when it has none); any other form than
+    RFC 3339 UTC with `Z` is signature-invalid, never a crash and never "no expiry"."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise dsse.invalid(f"{where} {value!r} is not an RFC 3339 UTC timestamp (YYYY-MM-DDTHH:MM:SSZ)"[:300]) from None
 
 
 # ---------------------------------------------------------------- parts

@@ -18,11 +18,11 @@ import posixpath
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from bundler.trust import cosign, dsse, signature
 from core.errors import BundleError
-from bundler.format.kitfile import MODEL_ROLES, pickle_files
+from bundler.format.kitfile import MODEL_ROLES, LayerSpec, pickle_files
 from bundler.format.layerread import LayerScan, scan_layer
 from bundler.format.manifest import Descriptor
 from bundler.store.modelkit import ModelKit, file_hashes, load_modelkit
@@ -126,7 +126,7 @@ def verify_bundle(
         for scan in scans.values():
             report.files.update(scan.files)
             report.tokenizer_hashes.update(scan.small_hashes)
-        check("roles", lambda: check_layer_roles(mk, scans))
+        check("roles", lambda: check_layer_roles([spec for spec, _ in mk.layers], scans))
         check("tokenizer-files", lambda: _tokenizer_files(store, mk, report.tokenizer_hashes))
         if allow_unsigned:
             report.unsigned = True
@@ -163,8 +163,9 @@ def _scan_all(store: Store, mk: ModelKit) -> tuple[dict[str, LayerScan], str]:
     return scans, f"{len(scans)} layers, {total} bytes, {nfiles} files: digests, sizes and entries safe"
 
 
-def check_layer_roles(mk: ModelKit, scans: Mapping[str, LayerScan]) -> tuple[None, str]:
-    for spec, _ in mk.layers:
+def check_layer_roles(specs: Sequence[LayerSpec], scans: Mapping[str, LayerScan]) -> tuple[None, str]:
+    """Each role holds what it must (weights, config, tokenizer) and no pickle; `scans[path]` lists a layer's files."""
+    for spec in specs:
         files = list(scans[spec.path].files)
         if spec.role in MODEL_ROLES:
             found = pickle_files(files)
@@ -183,7 +184,7 @@ def check_layer_roles(mk: ModelKit, scans: Mapping[str, LayerScan]) -> tuple[Non
                 raise BundleError("invalid-bundle", f"{spec.role} ({spec.path}) has no config.json")
         if spec.role == "tokenizer" and not any(posixpath.basename(f) == "tokenizer.json" for f in files):
             raise BundleError("invalid-bundle", f"tokenizer ({spec.path}) has no tokenizer.json")
-    roles = {spec.role: spec.path for spec, _ in mk.layers if spec.role in ("target", "draft", "tokenizer")}
+    roles = {spec.role: spec.path for spec in specs if spec.role in ("target", "draft", "tokenizer")}
     kind = "GGUF" if any(f.endswith(".gguf") for s in scans.values() for f in s.files) else "safetensors"
     return None, ", ".join(f"{r}={p}" for r, p in roles.items()) + f"; weights are {kind}"
 
@@ -275,8 +276,8 @@ def _candidate_checks(mk: ModelKit, files: Mapping[str, int], payload: bytes, tr
 
 def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted: Mapping[str, Any], now: dt.datetime) -> tuple[signature.SignedClaims, bytes]:
     """The first attached signature that passes every per-signature check: a model-signing one, else a
-    cosign-style one where no model-signing signature names a trusted key. Model-signing candidates that
-    fail go to skipped_signatures; every candidate, of each kind, is listed in report.signatures.
+    cosign-style one where no model-signing signature carries a valid signature by a trusted key. Model-signing
+    candidates that fail go to skipped_signatures; every candidate, of each kind, is listed in report.signatures.
 
     A bundle verifies when ANY trusted signature holds (a renewal, a second signer), so a foreign, broken or
     expired signature attached beside a good one cannot make it fail. When none holds, the failure of the
@@ -298,8 +299,8 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         report.error = err
         raise _Failed from err
     # Cosign-style signatures name only the manifest digest: each is checked (one ECDSA verification) and
-    # listed, but decides only where no model-signing signature names a trusted key: that one is the key's
-    # full statement (files, name, version, expiry), and its failure stands (docs/cosign.md).
+    # listed, but decides only where no model-signing signature is validly signed by a trusted key: that one
+    # is the key's full statement (files, name, version, expiry), and its failure stands (docs/cosign.md).
     kinds = [(desc, payload, cosign.kind_of(payload)) for desc, payload in found]
     candidates = [c for k in (cosign.KIND, cosign.MODEL_SIGNING_KIND) for c in [c for c in kinds if c[2] == k][:MAX_SIGNATURES]]
     by_cosign: tuple[Descriptor, bytes, cosign.CosignClaims] | None = None
@@ -319,10 +320,14 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": held.key_id, "verified": True})
         by_cosign = by_cosign or (desc, payload, held)
     best: tuple[int, list[Check], BundleError] | None = None
+    # Whether a model-signing signature by a trusted key held its signature check: only such a one is the
+    # key's statement. A hint is outside the signed bytes, so an unsigned artifact naming the key counts for nothing.
+    names_trusted = False
     for desc, payload, kind in candidates:
         if kind == cosign.KIND:
             continue
         claims, checks, err = _candidate_checks(mk, report.files, payload, trusted, now)
+        names_trusted = names_trusted or claims is not None
         report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": claims.key_id if claims else None, "verified": err is None}
                                  | ({"error": {"code": err.code, "message": err.message}} if err else {}))
         if err is None and claims is not None:
@@ -334,8 +339,6 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
         rank = _STAGES.index(checks[-1].name) * 2 + (err.code != "signature-invalid")
         if best is None or rank > best[0]:
             best = (rank, checks, err)
-    trusted_ids = _trusted_ids(trusted)
-    names_trusted = any(kind != cosign.KIND and signature.named_key(payload) in trusted_ids for _, payload, kind in candidates)
     if by_cosign is not None and not names_trusted:
         desc, payload, held = by_cosign
         report.signature_digest = desc.digest
@@ -348,13 +351,6 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
     report.checks.extend(best[1])
     report.error = best[2]
     raise _Failed from best[2]
-
-
-def _trusted_ids(trusted: Mapping[str, Any]) -> set[str]:
-    try:
-        return set(dsse.trusted_by_id(trusted))
-    except BundleError:
-        return set()  # a key that is not P-256: the signature checks say so
 
 
 def _cosign_claims(store: Store, mk: ModelKit, report: VerifyReport, held: cosign.CosignClaims) -> signature.SignedClaims:
@@ -463,10 +459,12 @@ def _reference(ref: Ref, mk: ModelKit, allow: bool) -> tuple[None, str]:
 
 
 def check_expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str]:
+    """The signed `expires` is in the future (signature-invalid unless RFC 3339 UTC with `Z`)."""
     expires = claims.bundle.get("expires")
-    if not expires:
+    moment = signature.signed_expiry(expires, "signed expires")
+    if moment is None:
         return None, "no expiry in the signature"
-    if signature.parse_time(expires) <= now:
+    if moment <= now:
         raise BundleError("expired", f"signature expired at {expires}")
     return None, f"valid until {expires}"
 
