@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from bundler.trust import keys
-from bundler.display import shown
+from core.display import shown
 from core.errors import BundleError
 from bundler.store.refs import parse_ref
 from bundler.store.layout import Store, default_root
@@ -259,7 +259,7 @@ def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int,
         _exit_if_refused(info)
         return
     # Plain lines, never wrapped or coloured: refs and digests stay whole for copying and for pipes.
-    # Every value from the bundle is shown escaped (bundler.display): none may draw a line of its own.
+    # Every value from the bundle is shown escaped (core.display): none may draw a line of its own.
     click.echo(f"{shown(info['ref'])}  {info['digest']}")
     rows = [("ROLE", "PATH", "SIZE", "DIGEST")] + [(shown(layer["role"]), shown(layer["path"]), f"{layer['size']:,}", shown(layer["digest"])) for layer in info["layers"]]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -307,7 +307,7 @@ def _size(n: int) -> str:
 @command
 def list_(store: Store, as_json: bool) -> None:
     """Bundles in the store: one row per tag."""
-    from bundler.store.catalog import rows
+    from bundler.verbs.listing import rows
 
     found = rows(store)
     if as_json:
@@ -779,7 +779,7 @@ def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bo
 def _format_record(record: Any) -> str:
     """One record: a verified one as one row (verdict, signer, time range, engine, totals); one that did not verify
     as FAIL with its reason, its claims on an indented line marked as not checked. Every field is escaped
-    (bundler.display), so no statement can draw a row of its own."""
+    (core.display), so no statement can draw a row of its own."""
     predicate = (record.statement or {}).get("predicate") if isinstance(record.statement, dict) else None
     p = predicate if isinstance(predicate, dict) else {}
     totals = p.get("totals") if isinstance(p.get("totals"), dict) else {}

@@ -1,4 +1,5 @@
-"""Text from bundles, registries and records made safe to show on a terminal.
+"""Text from bundles, registries and records made safe to show on a terminal (core: the CLI's tables and every
+coded error's line use it).
 
 Anything a bundle or a registry says (a Kitfile field, a signature's claims, a run record's statement, a
 reference, an error that echoes one of them) may hold a newline, a carriage return, an ANSI escape or a

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 __all__ = ["BundleError"]
 
+from core import display
+
 # Exit code families of CONTRACT.md section 3.
 INTERNAL, USAGE, INTEGRITY, POLICY, REGISTRY, INVALID = 1, 2, 3, 4, 5, 6
 
@@ -62,9 +64,7 @@ class BundleError(Exception):
 
     def line(self) -> str:
         """The one line shown on stderr; a message may echo bundle metadata, so its control characters are escaped."""
-        from bundler.display import line
-
-        return f"error: [{self.code}] {line(self.message)}"
+        return f"error: [{self.code}] {display.line(self.message)}"
 
     def as_json(self) -> dict:
         return {"code": self.code, "exit_code": self.exit_code, "message": self.message}

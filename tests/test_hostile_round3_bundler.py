@@ -423,7 +423,7 @@ def test_list_inspect_and_errors_show_bundle_metadata_escaped(tmp_path: Path, ke
 
 
 def test_shown_escapes_controls_and_cuts_long_values() -> None:
-    from bundler.display import MAX_SHOWN, shown
+    from core.display import MAX_SHOWN, shown
 
     assert shown("a\nb\x1b[31mc\u202ed\ud800") == "a\\nb\\x1b[31mc\\u202ed\\ud800"
     assert shown("plain text, tiny-spec 1.0.0") == "plain text, tiny-spec 1.0.0"

@@ -1,6 +1,7 @@
 """The import rules of the house, read from the source with ast (nothing of the project is imported):
-no cycles among the project's modules, nothing in runner/ imports bundler/, no `from X import _private`
-across modules, and each module of core/, bundler/ and runner/ names its public face in __all__."""
+no cycles among the project's modules, nothing in runner/ imports bundler/, core/ imports neither, each package
+imports only down its floors, no `from X import _private` across modules, and each module of core/, bundler/
+and runner/ names its public face in __all__."""
 
 from __future__ import annotations
 
@@ -101,6 +102,69 @@ def test_runner_never_imports_bundler() -> None:
 
 def test_no_private_name_is_imported_across_modules() -> None:
     assert [p for m in MODULES for p in imports(m)[1]] == []
+
+
+def test_core_imports_nothing_of_the_project() -> None:
+    """core/ is what both packages stand on: it may import itself, nothing else of the project."""
+    assert sorted(f"{m} -> {d}" for m, deps in GRAPH.items() if m.split(".")[0] == "core"
+                  for d in deps if d.split(".")[0] != "core") == []
+
+
+# Each package's floors, lowest first: a module may import its own floor and those below, never one above.
+# A package's top-level modules sit on the floor named after them (runner.pair and runner.gguf_run beside
+# runner.run); the package's __init__ holds no code of a floor and imports nothing of the project.
+FLOORS = {
+    "bundler": ("format", "store", "trust", "registry", "verbs", "serve", "cli"),
+    "runner": ("engines", "checks", "models", "decoding", "run", "bench"),
+}
+TOP_LEVEL_FLOOR = {"bundler.__main__": "cli", "runner.pair": "run", "runner.gguf_run": "run"}
+
+
+def floor(module: str) -> str | None:
+    """The floor `module` stands on within its package, "" for the package's __init__, None if it has none."""
+    package, _, rest = module.partition(".")
+    if not rest:
+        return ""
+    name = TOP_LEVEL_FLOOR.get(module, rest.partition(".")[0])
+    return name if name in FLOORS[package] else None
+
+
+def arrows_up(graph: dict[str, set[str]], package: str) -> list[str]:
+    """Every import in `package` from a lower floor to a higher one (or out of its __init__), named."""
+    order = {name: i for i, name in enumerate(FLOORS[package])}
+    found = []
+    for module in sorted(m for m in graph if m.split(".")[0] == package):
+        for dep in sorted(d for d in graph[module] if d.split(".")[0] == package):
+            here, there = floor(module), floor(dep)
+            if here is None or there is None or there == "":
+                continue  # no floor: test_every_module_has_a_floor names it; the __init__ is below every floor
+            if here == "" or order[there] > order[here]:
+                found.append(f"{module} ({here or '__init__'}) -> {dep} ({there}): up the floors {' < '.join(FLOORS[package])}")
+    return found
+
+
+def test_every_module_has_a_floor() -> None:
+    assert sorted(m for m in GRAPH if m.split(".")[0] in FLOORS and floor(m) is None) == []
+
+
+def test_bundler_imports_only_down_its_floors() -> None:
+    assert arrows_up(GRAPH, "bundler") == []
+
+
+def test_runner_imports_only_down_its_floors() -> None:
+    assert arrows_up(GRAPH, "runner") == []
+
+
+def test_an_import_up_a_floor_is_named() -> None:
+    """The floor rule bites: an arrow up is reported with both ends; down, sideways and to __init__ are not."""
+    graph = {"bundler.format.layerread": {"bundler.store.layout", "bundler.format.tarread", "bundler"},
+             "bundler.verbs.run": {"bundler.trust.verify"}, "bundler.cli": {"bundler.verbs.run"},
+             "runner.engines.llamacpp": {"runner.checks.cpus"}, "runner.run": {"runner.pair", "runner.decoding.stats"}}
+    assert arrows_up(graph, "bundler") == [
+        "bundler.format.layerread (format) -> bundler.store.layout (store): up the floors "
+        "format < store < trust < registry < verbs < serve < cli"]
+    assert [a.partition(":")[0] for a in arrows_up(graph, "runner")] == [
+        "runner.engines.llamacpp (engines) -> runner.checks.cpus (checks)"]
 
 
 def test_the_rules_see_the_project() -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "pickle_files"]
+__all__ = ["Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "pickle_files", "runner_params"]
 
 import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jsonschema
 import yaml
@@ -67,6 +67,14 @@ class Kitfile:
     def role_paths(self) -> dict[str, str]:
         """role -> path for the roles the runner needs: target, tokenizer and, where the bundle has one, draft."""
         return {spec.role: spec.path for spec in self.layers if spec.role in REQUIRED_ROLES}
+
+
+def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The Kitfile's model.parameters as the runner takes them: the speculative settings plus the dtype."""
+    params = dict(parameters.get("speculative") or {})
+    if parameters.get("dtype"):
+        params["dtype"] = parameters["dtype"]
+    return params
 
 
 def _invalid(where: str, what: str) -> BundleError:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["HashingReader", "LayerScan", "TOKENIZER_FILES", "scan_layer"]
+__all__ = ["BlobSource", "HashingReader", "LayerScan", "TOKENIZER_FILES", "scan_layer"]
 
 import hashlib
 import posixpath
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from pathlib import Path
+from typing import BinaryIO, Protocol
 
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor
-from bundler.store.layout import Store
 from bundler.format.tarread import iter_layer
 
 CHUNK = 1 << 20
@@ -55,7 +55,13 @@ class LayerScan:
     small_hashes: dict[str, str] = field(default_factory=dict)  # tokenizer files: path -> sha256 hex
 
 
-def scan_layer(store: Store, desc: Descriptor, layer_path: str) -> LayerScan:
+class BlobSource(Protocol):
+    """Where a layer's blob lies (bundler.store.layout.Store is one): the format reads blobs, the store keeps them."""
+
+    def blob_path(self, digest: str) -> Path: ...
+
+
+def scan_layer(store: BlobSource, desc: Descriptor, layer_path: str) -> LayerScan:
     """Read a layer blob once, checking its digest and size against `desc` and every entry for safety."""
     path = store.blob_path(desc.digest)
     if not path.is_file():

@@ -15,14 +15,13 @@ __all__ = ["ContentReport", "check_content", "check_stored"]
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from bundler.format.kitfile import Kitfile, LayerSpec
+from bundler.format.kitfile import Kitfile, LayerSpec, runner_params
 from bundler.format.layerread import LayerScan
 from bundler.format.metadatacheck import check_roles
-from bundler.verbs.run import runner_params
 from bundler.store.layout import Store
+from bundler.trust.extract import extract_verified
 from bundler.trust.verify import check_layer_roles
 
 
@@ -57,7 +56,7 @@ def check_content(root: Path, kitfile: Kitfile) -> ContentReport:
     (with the code) that verify or run would raise for it; returns what they found."""
     from runner.pair import gguf_dirs  # torch-free
 
-    check_layer_roles(SimpleNamespace(layers=[(spec, None) for spec in kitfile.layers]), _scans(root, kitfile))  # type: ignore[arg-type]
+    check_layer_roles(kitfile.layers, _scans(root, kitfile))
     check_roles(Path(root), kitfile.role_paths())  # a downloaded model directory is untrusted: bounded before it is read
     roles = kitfile.role_paths()
     params = runner_params(kitfile.parameters)
@@ -75,9 +74,7 @@ def check_content(root: Path, kitfile: Kitfile) -> ContentReport:
 
 def check_stored(store: Store, report: Any) -> ContentReport:
     """`check_content` on a bundle in the store that verify (--allow-unsigned at least) has passed: its files
-    extracted into a private temp directory (bundler.verbs.unpack), checked there, removed afterwards."""
-    from bundler.verbs.unpack import extract_verified
-
+    extracted into a private temp directory (bundler.trust.extract), checked there, removed afterwards."""
     mk = report.modelkit
     assert mk is not None and report.ok
     with tempfile.TemporaryDirectory(prefix="specbundle-check-") as tmp:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = [
     "HISTORY_MAX_BYTES", "HISTORY_STATE", "bench_bundle", "loaded_bundle", "run_bundle", "run_history",
-    "runner_args", "runner_params", "verified_view",
+    "runner_args", "verified_view",
 ]
 
 import contextlib
@@ -15,25 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from bundler.format.kitfile import runner_params
 from bundler.trust import runrecord
 from core.errors import BundleError
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
-from bundler.verbs.unpack import extract_leaving_in_blobs, make_writable
+from bundler.trust.extract import extract_leaving_in_blobs, make_writable
 from bundler.trust.verify import VerifyReport, verify_bundle
 
 WEIGHT_SUFFIX = ".safetensors"  # left in the blobs; GGUF files are extracted (llama.cpp opens a path)
 HISTORY_STATE = "run-history"  # the store's private state: runner.decoding.run_history's counts per bundle and machine
 HISTORY_KEPT = 64  # keys kept, the newest
 HISTORY_MAX_BYTES = 64 << 10  # HISTORY_KEPT keys of ~200 bytes fit many times over; a larger file is ignored
-
-
-def runner_params(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """The Kitfile's model.parameters as the runner takes them: the speculative settings plus the dtype."""
-    params = dict(parameters.get("speculative") or {})
-    if parameters.get("dtype"):
-        params["dtype"] = parameters["dtype"]
-    return params
 
 
 @dataclass(frozen=True)
