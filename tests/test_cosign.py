@@ -221,9 +221,10 @@ def test_a_foreign_model_signing_signature_does_not_block_a_cosign_only_bundle(t
     assert report["signature_kinds"] == ["cosign"] and report["skipped_signatures"][0]["error"]["code"] == "untrusted-signer"
 
 
-def test_a_failing_model_signing_signature_by_the_trusted_key_is_not_rescued_by_the_cosign_one(tree: Path, store_dir: Path, keypair) -> None:
-    """The model-signing signature is the key's full statement: when it names a trusted key and fails, the
-    bundle fails, though the cosign-style signature beside it holds."""
+def test_a_tampered_model_signing_signature_naming_the_trusted_key_decides_nothing(tree: Path, store_dir: Path, keypair) -> None:
+    """A model-signing signature whose signature bytes do not verify is no statement of the key (its hint is
+    unsigned): the cosign-style signature beside it decides. One validly signed by the key that fails a later
+    check still decides (tests/test_hostile_referrers.py)."""
     digest = _pack(tree, store_dir, keypair[0])
     s = Store(store_dir)
     for desc, payload in find_signatures(s, digest):
@@ -235,7 +236,8 @@ def test_a_failing_model_signing_signature_by_the_trusted_key_is_not_rescued_by_
                 s.remove_manifest(desc.digest)
             attach_signature(s, load_modelkit(s, parse_ref(REF)), json.dumps(bundle).encode(), {})
     result, report = _verify(store_dir, keypair[1])
-    assert result.code == 3 and report["error"]["code"] == "signature-invalid"
+    assert result.code == 0, result.err
+    assert report["signature_kinds"] == ["cosign"]
     assert [(x["kind"], x["verified"]) for x in report["signatures"]] == [("cosign", True), ("model-signing", False)]
     assert_matches_schema(report, "verify-report")
 

@@ -7,9 +7,10 @@ protocol beyond single requests lives here too: the referrers tag schema and tra
 
 from __future__ import annotations
 
-__all__ = ["Client", "MANIFEST_ACCEPT", "Progress", "READ", "SIG_TYPE", "client_for", "failure_reason", "fallback_tag", "run_all"]
+__all__ = ["Client", "MANIFEST_ACCEPT", "Progress", "READ", "SIG_TYPE", "client_for", "failure_reason", "fallback_tag", "redact", "run_all"]
 
 import contextlib
+import json
 import os
 import re
 import threading
@@ -80,11 +81,36 @@ def failure_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _registry_message(resp: requests.Response) -> str:
-    """The first message of an OCI error body, if the registry sent one."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError, IndexError, RecursionError):
-        err = resp.json()["errors"][0]
-        return f": {err.get('code', '')} {err.get('message', '')}".rstrip()
+MAX_REGISTRY_MESSAGE = 300  # characters of a registry's error text quoted in an error line
+ERROR_BODY = 64 << 10  # bytes of an error body read: an OCI error is a few hundred
+# Credentials as a registry might echo them back (a header, a token, a password field): never quoted.
+_SCHEME_CREDENTIAL = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+_FIELD_CREDENTIAL = re.compile(r"(?i)\b(authorization|password|passwd|secret|token|access_token|refresh_token)([\s:=\"']{1,4})"
+                               r"(?!\[redacted\]|(?:bearer|basic)\s)[^\s,;&}\]\"'\[:=][^\s,;&}\]\"'\[]*")
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """`text` with each of `secrets` (what this client sent) and every credential-like run replaced by [redacted]."""
+    for secret in sorted((s for s in secrets if s and len(s) >= 4), key=len, reverse=True):
+        text = text.replace(secret, "[redacted]")
+    text = _SCHEME_CREDENTIAL.sub(lambda m: f"{m.group(1)} [redacted]", text)
+    return _FIELD_CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}[redacted]", text)
+
+
+def _registry_message(resp: requests.Response, secrets: tuple[str, ...] = ()) -> str:
+    """The first message of an OCI error body, if the registry sent one; credentials redacted, bounded."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError, IndexError, RecursionError,
+                             requests.exceptions.RequestException):
+        body = b""
+        for chunk in resp.iter_content(4096):  # bounded: a hostile registry's error body may never end
+            body += chunk
+            if len(body) >= ERROR_BODY:
+                break
+        err = json.loads(body)["errors"][0]
+        code, message = err.get("code", ""), err.get("message", "")
+        text = f"{code if isinstance(code, str) else ''} {message if isinstance(message, str) else ''}".strip()
+        text = redact(text, secrets)
+        return f": {text[:MAX_REGISTRY_MESSAGE]}" if text else ""
     return ""
 
 
@@ -202,8 +228,16 @@ class Client:
             return resp
         raise AssertionError("unreachable")
 
+    def _secrets(self) -> tuple[str, ...]:
+        """What this client may have sent the registry: the Authorization value, its token or encoded pair, the password."""
+        sent = [self._auth or ""]
+        sent += [value.split(" ", 1)[-1] for value in sent if " " in value]
+        if self.creds is not None:
+            sent += [self.creds.password, self.creds.basic().split(" ", 1)[1]]
+        return tuple(sent)
+
     def _fail(self, resp: requests.Response, what: str) -> None:
-        status, detail = resp.status_code, _registry_message(resp)
+        status, detail = resp.status_code, _registry_message(resp, self._secrets())
         resp.close()
         if status in (401, 403):
             hint = (

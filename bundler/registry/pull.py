@@ -31,7 +31,7 @@ from bundler.format.manifest import Descriptor, sha256_digest
 from bundler.format import mediatypes
 from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
 from bundler.registry.client import (
-    MANIFEST_ACCEPT, READ, SIG_TYPE, Client, Progress, client_for, failure_reason, fallback_tag, run_all,
+    MANIFEST_ACCEPT, READ, SIG_TYPE, Client, Progress, client_for, failure_reason, fallback_tag, redact, run_all,
 )
 from bundler.store.layout import MAX_JSON_BLOB, Store
 from bundler.store.refs import Ref
@@ -68,7 +68,7 @@ def _get_manifest(client: Client, reference: str, what: str, expect: str | None 
     claimed = resp.headers.get("Docker-Content-Digest")
     for name, value in (("asked for", expect), ("the registry said", claimed)):
         if value and value != digest:
-            raise BundleError("digest-mismatch", f"{what}: {name} {value}, the bytes served are {digest}")
+            raise BundleError("digest-mismatch", f"{what}: {name} {redact(value[:80])}, the bytes served are {digest}")
     media_type = (resp.headers.get("Content-Type") or "").split(";")[0].strip()
     return data, digest, media_type
 

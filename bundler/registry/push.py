@@ -25,7 +25,7 @@ from bundler.format import boundedjson
 from bundler.format.manifest import Descriptor, go_json, sha256_digest
 from bundler.format import mediatypes
 from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
-from bundler.registry.client import READ, SIG_TYPE, Client, Progress, client_for, fallback_tag, run_all
+from bundler.registry.client import READ, SIG_TYPE, Client, Progress, client_for, fallback_tag, redact, run_all
 from bundler.store.layout import Store
 from bundler.store.modelkit import load_modelkit
 from bundler.store.referrers import damaged_signatures, find_legacy_signatures, find_signatures
@@ -174,7 +174,7 @@ def _put_manifest(client: Client, reference: str, data: bytes, media_type: str, 
     resp = client.request("PUT", f"/manifests/{reference}", what, ok=(201,), headers={"Content-Type": media_type}, body=lambda: data)
     echoed = resp.headers.get("Docker-Content-Digest")
     if echoed and echoed != sha256_digest(data):
-        raise BundleError("registry", f"{client.host} stored {what} as {echoed}, not {sha256_digest(data)}: it rewrote the manifest")
+        raise BundleError("registry", f"{client.host} stored {what} as {redact(echoed[:80])}, not {sha256_digest(data)}: it rewrote the manifest")
     return resp
 
 

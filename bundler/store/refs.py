@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Ref", "parse_ref"]
+__all__ = ["Ref", "parse_ref", "without_userinfo"]
 
 import re
 from dataclasses import dataclass
@@ -40,9 +40,19 @@ class Ref:
         return self.digest or self.tag or "latest"
 
 
+def without_userinfo(text: str) -> str:
+    """`text` with any `user:password@` before its host replaced by `***@` (with or without a `scheme://`):
+    what a reference or storage URI may be shown as."""
+    scheme, sep, rest = text.rpartition("://") if "://" in text else ("", "", text)
+    host, slash, path = rest.partition("/")
+    if "@" in host and (slash or sep):
+        rest = "***@" + host.rpartition("@")[2] + slash + path
+    return scheme + sep + rest
+
+
 def parse_ref(text: str) -> Ref:
     """Parse a reference, or raise a usage error that says what a reference looks like."""
-    bad = BundleError("usage", f"bad reference {text!r}: expected NAME[:TAG] or NAME@sha256:<hex> (NAME lowercase, optionally HOST[:PORT]/ first)")
+    bad = BundleError("usage", f"bad reference {without_userinfo(text)!r}: expected NAME[:TAG] or NAME@sha256:<hex> (NAME lowercase, optionally HOST[:PORT]/ first)")
     digest = None
     rest = text
     if "@" in rest:
