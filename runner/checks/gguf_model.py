@@ -9,7 +9,7 @@ probe set through both models' own tokenizers.
 from __future__ import annotations
 
 __all__ = [
-    "MAX_ARRAY", "bundle_format", "check_tokenizers", "estimate_memory", "fingerprint", "gguf_files",
+    "MAX_ARRAY", "MAX_OTHER_METADATA", "bundle_format", "check_tokenizers", "estimate_memory", "fingerprint", "gguf_files",
     "parameters", "preflight", "read_header", "tokenizer_metadata",
 ]
 
@@ -82,8 +82,21 @@ _MAX_KEY = 65535  # the GGUF spec's longest key
 KEPT_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 # Elements in a kept array: published vocabularies stop near 262,144 tokens; 8x that leaves room and bounds memory.
 MAX_ARRAY = 1 << 21
+# The vocabulary's arrays (one element per token or merge): llama.cpp's vocabulary probe reads each, so each is
+# bounded by MAX_ARRAY elements whether this reader keeps it or not.
+VOCAB_ARRAYS = (*KEPT_ARRAYS, "tokenizer.ggml.scores")
+# What llama.cpp's gguf reader holds for the rest of the metadata (every string and array but the vocabulary's):
+# about the bytes in the file plus a std::string per string element (STRING_COST). A real file's rest (chat
+# templates, a sentencepiece charsmap, per-layer lists) stays under 1 MiB; more is refused before the probe runs,
+# so the probe's memory follows the vocabulary, not an array nothing needs.
+MAX_OTHER_METADATA = 8 << 20
+STRING_COST = 32  # bytes of a std::string in libstdc++ (the gguf reader keeps one per string element)
 # Tensors in a file: a model of a few hundred layers holds a few thousand; more is not a model.
 MAX_TENSORS = 1 << 17
+
+
+class _TooMuchMetadata(ValueError):
+    """The metadata besides the vocabulary passed MAX_OTHER_METADATA."""
 
 
 class _Header:
@@ -99,6 +112,7 @@ class _Header:
 
     def __init__(self, data: memoryview) -> None:
         self.data, self.at = data, 0
+        self.strings = 0  # string elements in arrays read or stepped over (for the metadata's cost in llama.cpp)
 
     def take(self, n: int) -> memoryview:
         if n < 0 or self.at + n > len(self.data):
@@ -119,8 +133,9 @@ class _Header:
     def skip_string(self) -> None:
         self.take(self.scalar("<Q"))
 
-    def value(self, kind: int, keep: bool):
-        """The value of type `kind`, or None without building it when not `keep`."""
+    def value(self, kind: int, keep: bool, bounded: bool = False, room: int | None = None):
+        """The value of type `kind`, or None without building it when not `keep`; an array longer than
+        MAX_ARRAY is refused when kept or `bounded`, one that must cost more than `room` before it is read."""
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == _STRING:
@@ -133,8 +148,12 @@ class _Header:
                 raise ValueError(f"unknown array element type {item}")
             if count > len(self.data) - self.at:  # every element takes a byte at least
                 raise ValueError(f"an array of {count} elements is longer than the file")
-            if keep and count > MAX_ARRAY:
+            if (keep or bounded) and count > MAX_ARRAY:
                 raise ValueError(f"an array of {count:,} elements (at most {MAX_ARRAY:,} are read)")
+            least = count * (8 + STRING_COST if item == _STRING else struct.calcsize(_SCALARS[item]))
+            if room is not None and least > room:
+                raise _TooMuchMetadata()
+            self.strings += count if item == _STRING else 0
             if item in _SCALARS:
                 raw = self.take(count * struct.calcsize(_SCALARS[item]))
                 return _scalar_list(raw, _SCALARS[item], count) if keep else None
@@ -175,14 +194,24 @@ def _parse_header(path: Path) -> dict:
             n_tensors, n_kv = h.scalar("<Q"), h.scalar("<Q")
             if n_tensors > MAX_TENSORS:
                 raise ValueError(f"{n_tensors:,} tensors (at most {MAX_TENSORS:,} are read)")
-            metadata, seen = {}, set()
+            metadata, seen, other = {}, set(), 0
             for _ in range(n_kv):
                 key = h.string(longest=_MAX_KEY)
                 if key in seen:
                     raise ValueError(f"metadata key {_short(key)} appears twice")
                 seen.add(key)
                 kind = h.scalar("<I")
-                value = h.value(kind, _kept(key, kind))
+                start, strings = h.at, h.strings
+                counted = kind in (_STRING, _ARRAY) and not (kind == _ARRAY and key in VOCAB_ARRAYS)
+                try:
+                    value = h.value(kind, _kept(key, kind), bounded=key in VOCAB_ARRAYS, room=MAX_OTHER_METADATA - other if counted else None)
+                    if counted:
+                        other += h.at - start + STRING_COST * (h.strings - strings + (kind == _STRING))
+                        if other > MAX_OTHER_METADATA:
+                            raise _TooMuchMetadata()
+                except _TooMuchMetadata:
+                    raise ValueError(f"metadata besides the vocabulary takes more than {MAX_OTHER_METADATA >> 20} MiB "
+                                     f"(at {_short(key)}): refused before llama.cpp reads it") from None
                 if value is not None:
                     metadata[key] = value
             tensors = {}
