@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.decoding.batching import BatchedGenerator, TorchSharedContext, default_sequences
+from runner.decoding.batching import BatchedGenerator, default_sequences
+from runner.engines.torch_engine import TorchSharedContext
 from runner.engines import as_engine
 from runner.engines.llamacpp import load
 from runner.models.compact_llama import CompactLlama

@@ -15,12 +15,8 @@ from runner.decoding.guard import (
     WARMUP_ITERATIONS,
     Guard,
 )
-from runner.decoding.speculative import (
-    Sampler,
-    generate_plain,
-    generate_speculative,
-    verify_sampled,
-)
+from runner.decoding.sampling import Sampler, verify_sampled
+from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, tiny_llama
 
 torch.set_num_threads(1)

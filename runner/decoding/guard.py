@@ -8,7 +8,7 @@ verdicts in the generation's Stats (`fallback`, `predicted_speedup`).
 from __future__ import annotations
 
 __all__ = [
-    "Guard", "LOSS_BUDGET", "LOSS_FLOOR", "PATIENCE", "RETRY_AFTER", "TRIAL_ITERATIONS", "WARMUP_ITERATIONS",
+    "Guard", "LOSS_BUDGET", "LOSS_FLOOR", "PATIENCE", "RETRY_AFTER", "TRIAL_ITERATIONS", "TRY_EACH", "WARMUP_ITERATIONS",
     "parameter_costs",
 ]
 
@@ -25,6 +25,7 @@ DECAY = 0.9  # the guard judges a recent window: its sums decay by this per spec
 RETRY_AFTER = 16  # after a fallback, plain tokens before a trial of speculation; doubles per failed trial
 RETRY_AFTER_MAX = 256
 TRIAL_ITERATIONS = 4  # speculative iterations a trial lasts before it is judged
+TRY_EACH = 3  # speculative iterations of each allowed proposing method before the guard compares them
 # What speculation may cost, measured by the clock: its iterations' time beyond what plain decoding would
 # have taken for the tokens they produced may not exceed LOSS_FLOOR target steps plus LOSS_BUDGET of the
 # plain time of all tokens so far. An iteration starts only where the budget has room for what one has
@@ -36,7 +37,10 @@ LOSS_BUDGET = 0.005
 
 
 def parameter_costs(target, draft) -> tuple[float, float]:
-    """A cost model that needs no clock: a draft step costs its share of the parameters, a verify pass one step."""
+    """A cost model that needs no clock: a draft step costs its share of the parameters (nothing without a
+    draft model: n-gram proposals), a verify pass one step."""
+    if draft is None:
+        return 0.0, 1.0
     return as_engine(draft).parameters / as_engine(target).parameters, 1.0
 
 
@@ -64,6 +68,8 @@ class Guard:
         self.trial = False
         self.retry_after = RETRY_AFTER
         self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
+        self.by_method: dict[str, list[float]] = {}  # per kind of proposal: a decaying [accepted, rejections]
+        self.lookups = [0.0, 0.0]  # n-gram lookups: a decaying [matched, looked]
 
     def drafting(self, produced: int) -> bool:
         """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
@@ -115,8 +121,42 @@ class Guard:
         self.plain_until, self.trial = produced + self.retry_after, False
         self.retry_after = min(2 * self.retry_after, RETRY_AFTER_MAX)
 
-    def observe(self, drafted: int, accepted: int, seconds: float, produced: int) -> None:
-        """One speculative iteration; then the verdict, which may switch to plain decoding."""
+    def method(self, methods: tuple[str, ...]) -> str:
+        """Which allowed method proposes next (runner.decoding.step.METHODS): each kind of proposal is tried
+        TRY_EACH times, then the method with the best predicted speed-up: an n-gram iteration's from its own
+        acceptance at no proposing cost, a draft model iteration's from its acceptance and the draft's cost,
+        weighed by how often the n-gram finds a match (where it finds none, "ngram" takes a plain step and
+        "ngram+draft" lets the draft model propose)."""
+        if len(methods) == 1:
+            return methods[0]
+        ngram, draft = self._kind_speedup("ngram"), self._kind_speedup("draft")
+        matched, looked = self.lookups
+        m = matched / looked if looked else 0.5
+        def mix(when_matched: float, otherwise: float) -> float:  # no 0 * inf
+            return (m * when_matched if m else 0.0) + ((1 - m) * otherwise if m < 1 else 0.0)
+
+        scores = {"draft": draft, "ngram": mix(ngram, 1.0), "ngram+draft": mix(ngram, draft)}
+        return max(methods, key=lambda name: scores[name])  # first among equals: the order the settings give
+
+    def looked_up(self, matched: bool) -> None:
+        """One n-gram lookup, and whether it found a match."""
+        self.lookups = [self.lookups[0] * DECAY + matched, self.lookups[1] * DECAY + 1]
+
+    def _kind_speedup(self, kind: str) -> float:
+        """The predicted speed-up of one kind of proposal ("draft", "ngram"); inf until tried TRY_EACH times."""
+        window = self.by_method.get(kind)
+        cost, verify = self.costs or (self.stats.cost_ratio, self.stats.verify_cost_ratio)
+        cost = 0.0 if kind == "ngram" else cost
+        if window is None or self.stats.by_method.get(kind, [0])[0] < TRY_EACH or cost is None or verify is None:
+            return math.inf
+        accepted, rejections = window
+        acceptance = accepted / (accepted + rejections) if accepted + rejections else 0.0
+        return best_predicted_speedup(acceptance, cost, verify, self.max_k)[0]
+
+    def observe(self, drafted: int, accepted: int, seconds: float, produced: int, method: str = "draft") -> None:
+        """One speculative iteration (its proposals by `method`); then the verdict, which may switch to plain decoding."""
+        a, r = self.by_method.get(method, (0.0, 0.0))
+        self.by_method[method] = [a * DECAY + accepted, r * DECAY + (accepted < drafted)]
         w = self.window
         self.window = [w[0] * DECAY + accepted, w[1] * DECAY + (accepted < drafted), w[2] * DECAY + seconds,
                        w[3] * DECAY + accepted + 1]
@@ -127,6 +167,8 @@ class Guard:
                                       f"(budget {LOSS_FLOOR:g} + {LOSS_BUDGET:.1%} of the tokens)")
             return
         cost, verify = self.costs or (stats.cost_ratio, stats.verify_cost_ratio)
+        if cost is None and "draft" not in stats.by_method:  # n-gram proposals only: no model step to pay for
+            cost = 0.0
         if self.iterations < (TRIAL_ITERATIONS if self.trial else WARMUP_ITERATIONS) or cost is None or verify is None:
             return
         accepted_w, rejections_w, seconds_w, tokens_w = self.window

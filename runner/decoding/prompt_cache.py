@@ -22,23 +22,17 @@ the very numbers a prefill computed, so outputs do not change.
 
 from __future__ import annotations
 
-__all__ = ["HEAD", "CacheEntry", "PromptCache", "common_prefix"]
+__all__ = ["HEAD", "CacheEntry", "PromptCache"]
 
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from runner.engines.cells import common_prefix
+
 KEEP_AT_LEAST = 0.5  # an id's cells are copied here when a new request would keep less than this share of them
 HEAD = 256  # tokens of each entry compared with a prompt in one array operation
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many first tokens two token lists share (a cache's cells and a prompt, two entries)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
 
 
 @dataclass

@@ -34,7 +34,7 @@ EXPLORE_MAX = 64  # but at least every this many runs
 
 def machine_key(bundle_digest: str) -> str:
     """The bundle on this machine: its digest, the CPU model and its core count."""
-    from runner.bench.machine import cpu_info
+    from runner.engines.cpu import cpu_info
 
     cpu = cpu_info()
     return f"{bundle_digest}|{cpu['model']}|{cpu['cores']}"

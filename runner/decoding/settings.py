@@ -18,7 +18,7 @@ DEFAULT_DRAFT_TOKENS = 5  # k when neither the command line nor the bundle names
 # first with the draft model where it finds no match. Plain decoding is always the guard's fallback.
 ALL_METHODS = ("ngram+draft", "draft", "ngram")
 DRAFT_FREE_METHODS = ("ngram",)
-# Fields the proposers read; the loop's keyword arguments are the others (loop_args).
+# Fields the proposers read (the loop takes them with the others: loop_args).
 PROPOSER_FIELDS = ("methods", "ngram_min", "ngram_max", "ngram_tokens")
 
 
@@ -79,8 +79,8 @@ class DecodingSettings:
         )
 
     def loop_args(self) -> dict[str, Any]:
-        """The settings as keyword arguments of the decoding loop (the proposers' fields: proposer_args)."""
-        return {name: value for name, value in asdict(self).items() if name not in PROPOSER_FIELDS}
+        """The settings as keyword arguments of the decoding loop, the proposers' fields included."""
+        return asdict(self)
 
     def proposer_args(self) -> dict[str, Any]:
         """The methods the guard may choose among and the prompt-lookup proposer's settings."""

@@ -73,6 +73,8 @@ class Stats:
     # (cache length before, tokens in) of every target forward, in order: how the target computed each
     # position, so a difference from plain decoding can be replayed in the same numerics (runner.bench.torch_bench).
     target_calls: list[tuple[int, int]] = field(default_factory=list)
+    # per proposing method ("draft", "ngram"): [speculative iterations, drafted, accepted]
+    by_method: dict[str, list[int]] = field(default_factory=dict)
 
     def record_verify(self, k: int, n: int) -> None:
         """One verify pass over k drafted tokens, of which the first n were accepted."""
@@ -95,25 +97,34 @@ class Stats:
         self.plain_steps += 1
         self.steps_timed += 1
 
-    def record_iteration(self, k: int, n: int, draft_s: float, verify_s: float, catch_up: bool) -> None:
-        """One speculative iteration: k draft steps taking draft_s, n of them accepted by a verify pass taking
-        verify_s. catch_up: the first draft step also ran tokens the draft's cache lacked (the prompt, or
-        the tokens of a plain stretch), so its time is not a draft step's cost."""
-        with_prompt = not self.speculative_iterations  # the draft's first step also ran the prompt
+    def record_iteration(self, k: int, n: int, draft_s: float, verify_s: float, catch_up: bool, method: str = "draft") -> None:
+        """One speculative iteration: k tokens proposed in draft_s (by the draft model's k steps, or by an
+        n-gram lookup: method "ngram"), n of them accepted by a verify pass taking verify_s. catch_up: the first
+        draft step also ran tokens the draft's cache lacked (the prompt, or the tokens of a plain stretch or of
+        accepted n-grams), so its time is not a draft step's cost."""
+        counts = self.by_method.setdefault(method, [0, 0, 0])
+        counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + k, counts[2] + n
         self.target_passes += 1
         self.record_verify(k, n)
-        self.draft_passes += k
-        if not catch_up:
-            self.draft_time_s += draft_s
-            self.draft_steps_timed += k
-        elif with_prompt:  # else a catch-up over the tokens of a plain stretch, counted as the trial's cost
-            self.draft_prefill_s += draft_s
+        if method == "draft":
+            with_prompt = not self.draft_passes  # the draft's first step also ran the prompt
+            self.draft_passes += k
+            if not catch_up:
+                self.draft_time_s += draft_s
+                self.draft_steps_timed += k
+            elif with_prompt:  # else a catch-up over the tokens of a plain stretch, counted as the trial's cost
+                self.draft_prefill_s += draft_s
         self.verify_time_s += verify_s
         self.verifies_timed += 1
         self.verify_time_by_k[k] = self.verify_time_by_k.get(k, 0.0) + verify_s
         self.verifies_by_k[k] = self.verifies_by_k.get(k, 0) + 1
         self.spec_time_s += draft_s + verify_s
         self.spec_tokens += n + 1
+
+    def method_acceptance(self, method: str) -> float | None:
+        """Accepted / proposed of one proposing method's iterations."""
+        counts = self.by_method.get(method)
+        return _mean(counts[2], counts[1]) if counts else None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -198,4 +209,5 @@ class Stats:
             "predicted_speedup": self.predicted_speedup,
             "realized_speedup": self.realized_speedup,
             "draft_tokens_final": self.draft_tokens_final,
+            "methods": {m: {"iterations": c[0], "drafted": c[1], "accepted": c[2]} for m, c in self.by_method.items()},
         }

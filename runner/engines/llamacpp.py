@@ -3,12 +3,15 @@
 llama-cpp-python's high-level `Llama` loads the file and owns the context; the loop needs two things it
 does not expose, so they come from its low-level binding of llama.cpp's C API: a decode of a batch with
 logits for every position (a verify pass of k + 1 tokens) and the removal of the cache's tail
-(`llama_memory_seq_rm`, a rejected draft).
+(`llama_memory_seq_rm`, a rejected draft). For continuous batching the engine builds a second context over
+its loaded model, one sequence id per generation (SharedContext); both fill llama.cpp's batch alike
+(`fill_batch`).
 """
 
 from __future__ import annotations
 
-__all__ = ["LlamaCppEngine", "LogitsBuffer", "N_BATCH", "Pieces", "load", "open_llama", "version", "vocab_tokenize"]
+__all__ = ["LlamaCppEngine", "LogitsBuffer", "N_BATCH", "Pieces", "SharedContext", "fill_batch", "load", "open_llama", "version",
+           "vocab_tokenize"]
 
 import contextlib
 import ctypes
@@ -20,8 +23,9 @@ import numpy as np
 import torch
 
 from core.errors import BundleError
+from runner.engines.cells import BATCH_TOKENS, Row, SequenceCells
 
-N_BATCH = 512  # tokens per llama_decode call (a longer prompt is prefilled in chunks)
+N_BATCH = BATCH_TOKENS  # tokens per llama_decode call (a longer prompt is prefilled in chunks)
 _GGML_LOG_ERROR = 4  # ggml.h ggml_log_level (llama-cpp-python's _logger.py still says 3): the lines that say why
 
 
@@ -163,6 +167,7 @@ class LlamaCppEngine:
         self.llm = open_llama(path, n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=threads,
                               n_threads_batch=threads, logits_all=False)
         self.threads, self.n_ctx = threads, self.llm.n_ctx()
+        self.batches = True
         self.vocab_size = self.llm.n_vocab()
         self.parameters = int(llama_cpp.llama_model_n_params(self.llm.model))
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
@@ -183,13 +188,8 @@ class LlamaCppEngine:
         self.n = 0
 
     def _decode(self, ids: list[int], all_logits: bool) -> np.ndarray:
-        batch = self._batch
-        batch.n_tokens = len(ids)
-        for i, token in enumerate(ids):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, self.n + i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = all_logits or i == len(ids) - 1
-        if self._lib.llama_decode(self.llm.ctx, batch) != 0:
+        fill_batch(self._batch, [(0, ids, all_logits)], [self.n])
+        if self._lib.llama_decode(self.llm.ctx, self._batch) != 0:
             raise RuntimeError("llama_decode failed")
         self.n += len(ids)
         # the context reuses its buffer on the next decode: copy
@@ -213,6 +213,94 @@ class LlamaCppEngine:
 
     def length(self) -> int:
         return self.n
+
+    def batch_context(self, sequences: int, n_ctx_seq: int) -> SharedContext:
+        """A llama.cpp context of many sequences over this engine's loaded model (continuous batching)."""
+        return SharedContext(self, sequences, n_ctx_seq)
+
+
+def fill_batch(batch, rows: list[Row], starts: list[int]) -> int:
+    """Rows (sequence, tokens, all_logits) into a llama_batch, each row's tokens at the positions from its
+    start on, logits asked for every token of an all_logits row and the last of the others; the token count."""
+    i = 0
+    for (seq, tokens, all_logits), start in zip(rows, starts):
+        last = len(tokens) - 1
+        for j, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + j, 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = all_logits or j == last
+            i += 1
+    batch.n_tokens = i
+    return i
+
+
+class SharedContext(SequenceCells):
+    """One llama.cpp context over an engine's loaded model, holding up to `sequences` sequences of
+    `n_ctx_seq` tokens each (a KV cache of its own per sequence: kv_unified off, as the sequences share no
+    cells): runner.engines.BatchContext. The weights are the engine's: nothing is loaded twice."""
+
+    def __init__(self, engine: LlamaCppEngine, sequences: int, n_ctx_seq: int) -> None:
+        import llama_cpp
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        super().__init__(sequences, n_ctx_seq, engine.vocab_size)
+        self._lib = llama_cpp
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = sequences * n_ctx_seq
+        params.n_batch = params.n_ubatch = N_BATCH
+        params.n_seq_max = sequences
+        params.n_threads = params.n_threads_batch = engine.threads
+        params.kv_unified = False
+        params.no_perf = True
+        self._engine = engine  # the model must outlive this context
+        with suppress_stdout_stderr(disable=False):  # llama.cpp's start-up log, as the engine's Llama(verbose=False)
+            self.ctx = llama_cpp.llama_init_from_model(engine.llm.model, params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {sequences} sequences of {n_ctx_seq} tokens")
+        self._memory = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
+        self._logits = LogitsBuffer(llama_cpp, self.ctx, self.vocab_size)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self.ctx)
+            self._batch = self.ctx = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self.close()
+
+    def decode(self, rows: list[Row]) -> list[np.ndarray]:
+        """One llama_decode of rows (sequence, tokens, all_logits) appended to their sequences' caches (at
+        most N_BATCH tokens in all); returns each row's logits: (len(tokens), V), or (1, V) for its last.
+        The arrays are views of the context's buffer, valid until its next decode (a copy of a verify pass's
+        rows would cost more than their argmax): use them before decoding again."""
+        self.check(rows)
+        n = fill_batch(self._batch, rows, [self.length(seq) for seq, _, _ in rows])
+        if n and self._lib.llama_decode(self.ctx, self._batch) != 0:
+            raise RuntimeError("llama_decode failed (the KV cache is full?)")
+        outputs = sum(len(t) if a else 1 for _, t, a in rows if t)
+        return self.appended(rows, self._logits.rows(outputs) if outputs else None)
+
+    def keep(self, seq: int, n: int) -> None:
+        """Keeps the first n tokens of a sequence's cache (0: frees the sequence)."""
+        self._lib.llama_memory_seq_rm(self._memory, seq, n, -1)
+        del self.contents[seq][n:]
+
+    def state(self, seq: int) -> tuple[ctypes.Array, int]:
+        """A copy of a sequence's cells (llama.cpp's own serialisation) and its size in bytes."""
+        size = self._lib.llama_state_seq_get_size(self.ctx, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        return buffer, self._lib.llama_state_seq_get_data(self.ctx, buffer, size, seq)
+
+    def restore(self, seq: int, state: ctypes.Array, tokens: list[int]) -> None:
+        """A sequence's cells replaced by a copy `state` made, which holds `tokens`; the sequence emptied where
+        llama.cpp cannot place it."""
+        if not self._lib.llama_state_seq_set_data(self.ctx, state, len(state), seq):
+            self.keep(seq, 0)
+            return
+        self.contents[seq] = list(tokens)
 
 
 def load(path: str | Path, n_ctx: int = 4096, threads: int | None = None) -> LlamaCppEngine:
