@@ -28,7 +28,7 @@ from runner.checks.modelinfo import FileRange, Ranges, estimate_memory, read_con
 from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
 from runner.checks.pairing import check_memory, check_pairing
 from runner.decoding.run_history import with_history
-from runner.decoding.settings import cache_tokens, draft_length
+from runner.decoding.settings import cache_tokens, draft_length, thread_count
 from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -198,6 +198,8 @@ def load_pair(
         dtype, device, compact=True,
     )
     target, draft = runtime_target(target), runtime_draft(draft, checked)
+    threads = thread_count(params)
+    sys.modules["torch"].set_num_threads(threads)  # the pod's CPUs (runner.checks.cpus), not the node's
     if torch_later:  # after the estimate: the predicted peak counts the import as load_models measured it
         memory["predicted_peak_bytes"] += torch_import_bytes() or 0
     return LoadedPair(
@@ -206,6 +208,7 @@ def load_pair(
         device=device, dtype=dtype, draft_tokens=draft_tokens, pairing=checked["pairing"],
         memory={k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
         context_tokens=max_tokens, load_s=time.perf_counter() - load_start,
+        extra={"engine_fields": {"engine": "torch", "device": device, "dtype": dtype, "threads": threads}},
     )
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 __all__ = ["ALL_METHODS", "DecodingSettings", "cache_tokens", "default_methods", "draft_length", "thread_count"]
 
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from runner.checks.cpus import usable_cpus
 from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS
 
 DEFAULT_DRAFT_TOKENS = 5  # k when neither the command line nor the bundle names one
@@ -33,8 +33,8 @@ def draft_length(params: Mapping[str, Any], override: int | None = None) -> int:
 
 
 def thread_count(params: Mapping[str, Any]) -> int:
-    """Threads of the llama.cpp engine: the bundle's `threads`, else one per CPU."""
-    return int(params.get("threads") or os.cpu_count() or 1)
+    """Threads of either engine: the bundle's `threads`, else one per CPU the process may use (runner.checks.cpus)."""
+    return int(params.get("threads") or usable_cpus())
 
 
 def cache_tokens(prompt_tokens: int, max_new_tokens: int, draft_tokens: int) -> int:

@@ -163,7 +163,7 @@ class LlamaCppEngine:
         import llama_cpp
 
         self._lib = llama_cpp
-        threads = threads or os.cpu_count() or 1
+        threads = threads or len(os.sched_getaffinity(0))  # callers pass runner.checks.cpus.usable_cpus()
         self.llm = open_llama(path, n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=threads,
                               n_threads_batch=threads, logits_all=False)
         self.threads, self.n_ctx = threads, self.llm.n_ctx()

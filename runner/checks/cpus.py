@@ -1,0 +1,72 @@
+"""CPUs the process may use: the affinity mask, bounded by the CPU quota of its cgroup and the cgroup's ancestors.
+
+`os.cpu_count()` is the node's count: a pod limited to 2 CPUs on a 64-core node would start 64 threads, which the
+quota then throttles. The quota is cgroup v2's `cpu.max` ("QUOTA PERIOD", or "max PERIOD") or cgroup v1's
+`cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1: none), rounded up to whole CPUs. The hierarchy is read below
+`SPECBUNDLE_CGROUP_ROOT` when that is set (tests give a directory of their own), else /sys/fs/cgroup, as
+runner.checks.memory reads it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["cgroup_cpu_quota", "usable_cpus"]
+
+import math
+import os
+from pathlib import Path
+
+from runner.checks.memory import CGROUP_ROOT_ENV
+
+
+def _levels(path: str) -> list[list[str]]:
+    """The cgroup's path and each ancestor's, root first."""
+    path = path.strip("/")
+    return [path.split("/")[:i] for i in range(path.count("/") + 2)] if path else [[]]
+
+
+def _quota_at(directory: Path, v2: bool) -> float | None:
+    """CPUs (quota / period) one cgroup directory allows, or None where it sets no quota or cannot be read."""
+    try:
+        if v2:
+            quota, _, period = (directory / "cpu.max").read_text(encoding="ascii").strip().partition(" ")
+        else:
+            quota = (directory / "cpu.cfs_quota_us").read_text(encoding="ascii").strip()
+            period = (directory / "cpu.cfs_period_us").read_text(encoding="ascii").strip()
+        if quota == "max" or int(quota) <= 0 or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def cgroup_cpu_quota(proc_cgroup: str | Path = "/proc/self/cgroup", root: str | Path | None = None) -> float | None:
+    """The least CPU quota (in CPUs, fractional) of the process's cgroup and its ancestors, cgroup v2 or v1;
+    None where none sets one. root: the hierarchy's mount (default: $SPECBUNDLE_CGROUP_ROOT, else /sys/fs/cgroup)."""
+    root = Path(root if root is not None else os.environ.get(CGROUP_ROOT_ENV) or "/sys/fs/cgroup")
+    try:
+        lines = Path(proc_cgroup).read_text(encoding="ascii").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    quotas = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            base, v2 = root, True
+        elif "cpu" in parts[1].split(","):
+            base, v2 = root / "cpu", False
+        else:
+            continue
+        quotas += [q for level in _levels(parts[2]) if (q := _quota_at(base.joinpath(*level), v2)) is not None]
+    return min(quotas) if quotas else None
+
+
+def usable_cpus(affinity: int | None = None, proc_cgroup: str | Path = "/proc/self/cgroup",
+                root: str | Path | None = None) -> int:
+    """Threads worth starting: the CPUs in the affinity mask (affinity: that count, where a caller knows it),
+    at most the cgroup's CPU quota rounded up; at least 1."""
+    if affinity is None:
+        affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(proc_cgroup, root)
+    return max(1, min(affinity, math.ceil(quota)) if quota is not None else affinity)
