@@ -136,7 +136,8 @@ def container_process(container: Mapping[str, Any], manifests: Manifests, mounts
             env[item["name"]] = expand(str(item["value"]), env)
         else:  # the downward API: only the fields the manifests use
             field = item["valueFrom"]["fieldRef"]["fieldPath"]
-            env[item["name"]] = {"metadata.namespace": NAMESPACE}[field]
+            env[item["name"]] = {"metadata.namespace": NAMESPACE,
+                                 **{f"metadata.annotations['{k}']": v for k, v in manifests.annotations().items()}}[field]
     env.update(env_overrides)
     paths = {m["mountPath"]: mounts[m["name"]] for m in container.get("volumeMounts") or []}
 
