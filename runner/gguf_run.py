@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from runner.checks import gguf_model
-from runner.checks.pairing import check_memory
+from runner.checks.memory import check_memory
 from runner.decoding.settings import cache_tokens, thread_count
 from runner.engines import llamacpp
 from runner.models import chat_template

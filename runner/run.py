@@ -26,7 +26,8 @@ from runner.models.lean_tokenizer import load_tokenizer
 from runner.models.loading import ModelFiles, check_weight_files, load_models, torch_import_bytes
 from runner.checks.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
-from runner.checks.pairing import check_memory, check_pairing
+from runner.checks.memory import check_memory
+from runner.checks.pairing import check_pairing
 from runner.decoding.run_history import with_history
 from runner.decoding.settings import cache_tokens, draft_length, thread_count
 from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec

@@ -11,7 +11,8 @@ import torch
 import runner.models.loading
 from core.errors import BundleError
 from runner.checks.modelinfo import count_parameters, estimate_memory
-from runner.checks.pairing import check_memory, check_pairing
+from runner.checks.memory import check_memory
+from runner.checks.pairing import check_pairing
 from runner.run import run_unpacked
 from tests.tinymodels import make_pair, tiny_llama, truncate_weights_to_header
 
@@ -113,7 +114,7 @@ def _cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path
 
 
 def test_cgroup_room_is_the_least_limit_less_usage_of_the_cgroup_and_its_ancestors(tmp_path: Path) -> None:
-    from runner.checks.pairing import cgroup_room
+    from runner.checks.memory import cgroup_room
 
     # cgroup v2: a pod's limit (1 GiB, 600 MiB used) under a node slice with a looser one, the root unlimited
     proc, root = _cgroup_tree(tmp_path / "v2", "0::/kubepods/pod1\n", {
@@ -133,7 +134,7 @@ def test_cgroup_room_is_the_least_limit_less_usage_of_the_cgroup_and_its_ancesto
 
 
 def test_the_default_prompt_cache_fits_a_containers_limit_and_the_machine() -> None:
-    from bundler.serve.batch_worker import PROMPT_CACHE_MAX, default_prompt_cache
+    from runner.checks.memory import PROMPT_CACHE_MAX, default_prompt_cache
 
     assert default_prompt_cache(64 << 30, None) == PROMPT_CACHE_MAX  # a big machine, no limit: at most 8 GiB
     assert default_prompt_cache(2 << 30, None) == 1 << 30  # half what is left

@@ -186,8 +186,18 @@ def test_metrics_parse_and_add_up_to_the_requests_made(server: Server) -> None:
     assert 0 <= delta("specbundle_accepted_tokens_total") <= delta("specbundle_draft_tokens_total")
     info = [k for k in after if k[0] == "specbundle_bundle_info"]
     assert len(info) == 1 and dict(info[0][1])["ref"] == REF and after[info[0]] == 1
-    assert any(k[0] == "specbundle_position_acceptance_rate" for k in after)
-    assert ("specbundle_queue_depth", ()) in after and ("specbundle_acceptance_rate", ()) in after
+    assert delta("specbundle_prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    # vLLM's shape: drafts, draft tokens, accepted tokens and accepted per position add up across a fleet
+    assert delta("specbundle_spec_decode_num_draft_tokens_total") == delta("specbundle_draft_tokens_total")
+    assert delta("specbundle_spec_decode_num_accepted_tokens_total") == delta("specbundle_accepted_tokens_total")
+    per_position = sum(v for k, v in after.items() if k[0] == "specbundle_spec_decode_num_accepted_tokens_per_pos_total")
+    assert per_position == after[("specbundle_spec_decode_num_accepted_tokens_total", ())]
+    drafts = after[("specbundle_spec_decode_num_drafts_total", ())]
+    assert 0 < drafts <= after[("specbundle_spec_decode_num_draft_tokens_total", ())]
+    assert drafts == after[("specbundle_spec_decode_num_draft_tokens_per_pos_total", (("position", "1"),))]
+    assert ("specbundle_queue_depth", ()) in after and ("specbundle_acceptance_ratio", ()) in after
+    assert not any(k[0].endswith("_rate") for k in after)  # a ratio gauge says so: *_ratio
+    assert ("process_resident_memory_bytes", ()) in after and any(k[0] == "python_info" for k in after)
 
 
 def test_health_is_degraded_while_the_draft_does_not_agree(server: Server) -> None:
@@ -406,7 +416,11 @@ def test_the_decoding_thread_loads_the_pair_and_refusals_reach_the_caller(tmp_pa
     # thread that first ran torch stays alive: a pair loaded on the main thread and decoded on another ran
     # at 0.6x (benchmarks/serve.py). So the thread that loads the pair is the one that decodes with it.
     import runner.run
-    from bundler.serve import app as serve
+    from bundler.serve import server
+    from bundler.serve.batch_worker import BatchWorker
+    from bundler.serve.settings import ServeSettings
+    from bundler.serve.sources import StoreSource
+    from bundler.serve.worker import SerialWorker
     from core.errors import BundleError
     from bundler.trust.keys import key_id, load_public_key
     from bundler.store.refs import parse_ref
@@ -414,33 +428,39 @@ def test_the_decoding_thread_loads_the_pair_and_refusals_reach_the_caller(tmp_pa
     store = Store(_pack(tmp_path, keypair))
     key = load_public_key(keypair[1])
     threads: dict[str, threading.Thread] = {}
-    load_pair, work = runner.run.load_pair, serve.Engine.work
+    load_pair = runner.run.load_pair
 
     def recording_load_pair(*args, **kwargs):
         threads["load"] = threading.current_thread()
         return load_pair(*args, **kwargs)
 
-    def recording_work(self) -> None:
-        threads["decode"] = threading.current_thread()
-        work(self)
+    def recording(work):
+        def recording_work(self) -> None:
+            threads["decode"] = threading.current_thread()
+            work(self)
+        return recording_work
 
-    class NoServer:  # the HTTP side is tested through real server processes above
+    class NoServer:  # the HTTP side is tested through real server processes above; this one runs until loaded
         def __init__(self, _config) -> None:
-            pass
+            self.should_exit = False
 
         def run(self) -> None:
             threads["http"] = threading.current_thread()
+            deadline = time.monotonic() + 120
+            while not self.should_exit and "decode" not in threads and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     monkeypatch.setattr(runner.run, "load_pair", recording_load_pair)
-    monkeypatch.setattr(serve.Engine, "work", recording_work)
-    monkeypatch.setattr(serve, "_server_class", lambda: NoServer)
-    serve.serve_bundle(store, parse_ref(REF), {key_id(key): key}, port=0)
+    monkeypatch.setattr(BatchWorker, "work", recording(BatchWorker.work))
+    monkeypatch.setattr(SerialWorker, "work", recording(SerialWorker.work))
+    monkeypatch.setattr(server, "_server_class", lambda: NoServer)
+    server.serve_bundle(StoreSource(store, parse_ref(REF)), {key_id(key): key}, ServeSettings(port=0))
     assert threads["load"] is threads["decode"] and threads["load"] is not threading.main_thread()
     assert threads["http"] is threading.main_thread()
     assert not threads["decode"].is_alive()  # stopped with the server, the checkout released
 
-    with pytest.raises(BundleError) as refused:  # an untrusted key: refused on the caller's thread, no server
-        serve.serve_bundle(store, parse_ref(REF), {}, port=0)
+    with pytest.raises(BundleError) as refused:  # an untrusted key: the server stops, the refusal is raised here
+        server.serve_bundle(StoreSource(store, parse_ref(REF)), {}, ServeSettings(port=0))
     assert refused.value.code == "untrusted-signer" and refused.value.exit_code == 3
 
 

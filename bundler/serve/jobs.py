@@ -1,16 +1,18 @@
 """A request on its way through serve's decoding worker: the job the HTTP side queues, and its text as the
 tokens come (stop strings, held-back pieces, time to first token, inter-token latency). Both workers, one
-request at a time (bundler.serve.app) and batched (bundler.serve.batch_worker), use these."""
+request at a time and batched (bundler.serve.worker, bundler.serve.batch_worker), use these."""
 
 from __future__ import annotations
 
-__all__ = ["Job", "JobStream", "Outbox"]
+__all__ = ["Job", "JobStream", "Outbox", "Progress"]
 
 import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from bundler.serve.metrics import Metrics
 
 
 @dataclass
@@ -69,19 +71,40 @@ def _deliver(events: list[tuple[asyncio.Queue, tuple[str, Any]]]) -> None:
         queue.put_nowait(event)
 
 
+class Progress:
+    """When the decoding worker last moved (a step, a token, a request in or out): what liveness reads."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+
+    def mark(self) -> None:
+        self.at = time.monotonic()
+
+    def idle_for(self) -> float:
+        return time.monotonic() - self.at
+
+
 class JobStream:
     """A job's text as its tokens come: decoded, cut at a stop string, held back while a piece may begin
-    one, with its time to first token and inter-token latencies observed. `on_tokens` returns True to stop."""
+    one, with its time to first token and inter-token latencies observed; `on_tokens` returns True to stop.
+    It sees every token, so it is what reports how the generation ended (`finish_reason`, `text`)."""
 
-    def __init__(self, job: Job, tokenizer: Any, metrics: Any):  # metrics: bundler.serve.app.Metrics
-        self.job, self.tokenizer, self.metrics = job, tokenizer, metrics
+    def __init__(self, job: Job, tokenizer: Any, eos_ids: set[int], metrics: Metrics, progress: Progress):
+        self.job, self.tokenizer, self.eos_ids, self.metrics, self.progress = job, tokenizer, eos_ids, metrics, progress
         self.tokens: list[int] = []
-        self.shown, self.stopped, self.timed_out, self.last = 0, False, False, None
+        self.text = ""  # the text so far, cut at a stop string
+        self.shown, self.stopped, self.hit_eos, self.timed_out, self.last = 0, False, False, False, None
         self.deadline = job.enqueued + job.time_limit_s
         self.hold = max((len(s) for s in job.stop), default=1) - 1
 
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's: "stop" at a stop string or the end-of-sequence token, else "length"."""
+        return "stop" if self.stopped or self.hit_eos else "length"
+
     def on_tokens(self, new: list[int]) -> bool:
         job, now = self.job, time.perf_counter()
+        self.progress.mark()
         if self.last is None:
             self.metrics.ttft.observe(now - job.enqueued)
         elif new:
@@ -89,10 +112,12 @@ class JobStream:
                 self.metrics.inter_token.observe((now - self.last) / len(new))
         self.last = now
         self.tokens.extend(new)
+        self.hit_eos = self.hit_eos or bool(new and new[-1] in self.eos_ids)  # the generator stops after it
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
         if cut >= 0:
             text, self.stopped = text[:cut], True
+        self.text = text
         if not text.endswith("\ufffd"):  # an incomplete UTF-8 character waits for its rest
             # A piece that may begin a stop string waits until it is known not to.
             safe = len(text) if self.stopped else max(len(text) - self.hold, self.shown)
@@ -102,3 +127,10 @@ class JobStream:
         if now > self.deadline:
             self.timed_out = True
         return self.stopped or self.timed_out or job.cancelled.is_set()
+
+    def close(self) -> str:
+        """The whole text; what was held back goes to the client now (unless it went away)."""
+        if len(self.text) > self.shown and not self.job.cancelled.is_set():
+            self.job.emit("text", self.text[self.shown :])
+            self.shown = len(self.text)
+        return self.text

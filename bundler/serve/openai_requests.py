@@ -9,7 +9,7 @@ is measured in bytes before it is tokenized: no prompt longer than the context c
 from __future__ import annotations
 
 __all__ = [
-    "ApiError", "CompletionRequest", "DEFAULT_MAX_BODY", "check_prompt_bytes", "parse_body", "parse_request",
+    "CompletionRequest", "DEFAULT_MAX_BODY", "check_prompt_bytes", "parse_body", "parse_request",
     "prompt_byte_limit", "prompt_ids",
 ]
 
@@ -17,25 +17,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from bundler.serve.api_error import ApiError
+
 DEFAULT_MAX_BODY = 1 << 20  # `--max-body`: 1 MiB holds any prompt the served context takes
 MAX_DEPTH = 32  # a chat body nests 6 deep (body, messages, message, content, part, text)
 MAX_SEED = 2**63 - 1  # OpenAI's seed is an int64; torch and llama.cpp take it as such
 ROLES = ("system", "user", "assistant")
 UNSUPPORTED = {"logprobs": "logprobs", "top_logprobs": "logprobs", "tools": "tools", "tool_choice": "tools",
                "functions": "tools", "function_call": "tools", "best_of": "best_of", "suffix": "suffix", "echo": "echo"}
-
-
-class ApiError(Exception):
-    """An OpenAI-style error answer: HTTP status, message, type, param, code."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -52,6 +41,7 @@ class CompletionRequest:
     include_usage: bool
     prompt: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
+    model: str | None = None  # as the client named it (any name is served: one model runs)
 
     def prompt_bytes(self) -> int:
         if not self.chat:
@@ -133,7 +123,7 @@ def parse_request(body: Mapping[str, Any], *, chat: bool, max_new_tokens: int, d
     n = _optional(body, "n", _is_int, "an integer")
     if n not in (None, 1):
         raise ApiError(400, "n > 1 is not supported: one choice per request", param="n", code="unsupported_parameter")
-    _optional(body, "model", lambda v: isinstance(v, str), "a string")
+    model = _optional(body, "model", lambda v: isinstance(v, str), "a string")
     _optional(body, "user", lambda v: isinstance(v, str), "a string")
     for key in ("presence_penalty", "frequency_penalty"):
         _optional(body, key, lambda v: _is_number(v) and -2 <= v <= 2, "a number from -2 to 2")
@@ -157,7 +147,7 @@ def parse_request(body: Mapping[str, Any], *, chat: bool, max_new_tokens: int, d
             raise _bad("stream_options must be an object like {\"include_usage\": true}", param="stream_options")
     request = CompletionRequest(chat, max_tokens or default_max_tokens, 1.0 if temperature is None else float(temperature),
                                 1.0 if top_p is None else float(top_p), seed, stop, stream,
-                                bool((options or {}).get("include_usage")))
+                                bool((options or {}).get("include_usage")), model=model)
     if chat:
         request.messages = _messages(body.get("messages"))
     else:

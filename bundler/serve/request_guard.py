@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from bundler.serve.openai_requests import DEFAULT_MAX_BODY, ApiError
+from bundler.serve.api_error import ApiError
+from bundler.serve.openai_requests import DEFAULT_MAX_BODY
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")

@@ -1,0 +1,54 @@
+"""`bundle serve`'s settings, in one typed value the CLI builds: where it listens and who may ask, the queue and
+time limit, how the pair is loaded (as `bundle run` loads it) and how its batch is sized."""
+
+from __future__ import annotations
+
+__all__ = ["BatchSettings", "LoadOptions", "ServeSettings"]
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bundler.serve.request_guard import ServeLimits
+
+REQUEST_TIME_LIMIT_S = 300.0
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How the pair is loaded, as `bundle run` takes it (runner.run.load_pair's options); None: the bundle's or
+    the machine's default."""
+
+    draft_tokens: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    memory_budget: int | None = None  # bytes the pair (and the batch's caches) may use
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {"draft_tokens": self.draft_tokens, "device": self.device, "dtype": self.dtype, "memory_budget": self.memory_budget}
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """The batch, where the pair's models decode in one (bundler.serve.batch_worker)."""
+
+    sequences: int | None = None  # requests decoded at once (None: as many KV caches as fit, at most 8)
+    speculate: bool = True  # False: the target alone (a baseline for benchmarks)
+    prompt_cache: int | None = None  # bytes for copies of cache cells (0: none; None: runner.checks.memory's default)
+    memory_budget: int | None = None
+    runs: dict[str, int] | None = None  # the store's run history counts for the bundle here (None: start afresh)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Everything `serve_bundle` takes besides the bundle's source and the trusted keys."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # clients send `Authorization: Bearer <key>`; None: no key asked
+    open_probes: bool = False  # /health, /livez and /metrics answer without the key (/metrics then without the prompt cache's figures)
+    served_model_name: str | None = None  # a name the model also answers to (KServe's InferenceService name)
+    max_queue: int = 16
+    time_limit_s: float = REQUEST_TIME_LIMIT_S  # a request's, queue included; also the worker's stall limit (/livez)
+    limits: ServeLimits = field(default_factory=ServeLimits)
+    load: LoadOptions = field(default_factory=LoadOptions)
+    batch: BatchSettings = field(default_factory=BatchSettings)
