@@ -622,9 +622,25 @@ def bench(store: Store, ref: str, prompts_file: str | None, limit: int | None, k
         console.print(f"prompt {f['prompt']}: fell back at token {f['at_token']}: {f['reason']}")
 
 
+def _expected(from_dir: str | None, expect: str | None) -> Any:
+    """serve's --expect, parsed (bundler.verbs.fromdir.Expected); a warning when --from-dir has none."""
+    from bundler.verbs.fromdir import parse_expected
+
+    if expect and not from_dir:
+        source = click.get_current_context().get_parameter_source("expect")
+        if source == click.core.ParameterSource.COMMANDLINE:
+            raise BundleError("usage", "--expect goes with --from-dir (REF already names the bundle)")
+        return None  # $BUNDLE_EXPECT set for a --from-dir pod, here serving from the store
+    if from_dir and not expect:
+        click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
+                   "under its signed name: pin the reference or digest", err=True)
+    return parse_expected(expect) if from_dir and expect else None
+
+
 @main.command()
 @click.argument("ref", required=False)
 @click.option("--from-dir", type=click.Path(file_okay=False), help="Serve a directory `bundle fetch` filled (checked against its evidence first) instead of REF.")
+@click.option("--expect", envvar="BUNDLE_EXPECT", help="With --from-dir: the bundle the directory must hold, NAME:TAG, NAME@sha256:<hex>, sha256:<hex> or the STORAGE_URI (also $BUNDLE_EXPECT); its signed name, version or digest must agree.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless you say otherwise).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
@@ -645,7 +661,7 @@ def bench(store: Store, ref: str, prompts_file: str | None, limit: int | None, k
 @click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
 @click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600), help="Seconds a client has to send a request's headers.")
 @command
-def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
+def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
           time_limit: float, attest_key: str | None, open_probes: bool, max_body: int, allowed_hosts: tuple[str, ...], max_connections: int | None,
           header_timeout: float, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
@@ -663,6 +679,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
         raise BundleError("usage", "give either REF or --from-dir DIR")
     if from_dir and attest_key:
         raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
+    expected = _expected(from_dir, expect)
 
     api_key = None
     if api_key_file:
@@ -685,7 +702,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, host: str, port: 
     try:
         serve_bundle(store, parse_ref(ref) if ref else None, _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
                      time_limit_s=time_limit, limits=limits, on_ready=ready, on_record=records.attach if records else None,
-                     from_dir=Path(from_dir) if from_dir else None, open_probes=open_probes, **options)
+                     from_dir=Path(from_dir) if from_dir else None, expect=expected, open_probes=open_probes, **options)
     finally:
         written = records.close() if records else None
         if written:

@@ -143,8 +143,9 @@ def test_fetch_refuses_a_dest_that_is_not_empty_and_a_foreign_scheme(pushed, tmp
 
 
 # -- serve --from-dir, as the InferenceService says -------------------------------------------------
-def _predictor(dest: Path, keys_dir: Path, api_key_dir: Path, port: int) -> subprocess.Popen:
-    """The InferenceService's kserve-container: its args, /mnt/models and the mounts mapped to the test's dirs."""
+def _predictor(dest: Path, keys_dir: Path, api_key_dir: Path, port: int, expect: str | None = None) -> subprocess.Popen:
+    """The InferenceService's kserve-container: its args, /mnt/models and the mounts mapped to the test's dirs;
+    expect: BUNDLE_EXPECT, which the manifests set from the storage URI (here the test registry's)."""
     doc = yaml.safe_load((KSERVE / "inferenceservice.yaml").read_text())
     container = doc["spec"]["predictor"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
@@ -158,7 +159,7 @@ def _predictor(dest: Path, keys_dir: Path, api_key_dir: Path, port: int) -> subp
     full = {k: v for k, v in os.environ.items() if k not in ("BUNDLE_TRUSTED_KEYS", "BUNDLE_HOME")}
     return subprocess.Popen([sys.executable, "-m", "bundler", *args],
                             env={**full, "BUNDLE_TRUSTED_KEYS": str(keys_dir), "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore",
-                                 "BUNDLE_HOME": str(dest.parent / "unused-store")},
+                                 "BUNDLE_HOME": str(dest.parent / "unused-store"), **({"BUNDLE_EXPECT": expect} if expect else {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -183,7 +184,7 @@ def _fetched(fetched_once: Path, tmp_path: Path, keypair) -> tuple[Path, Path, P
 def test_serve_from_dir_serves_the_fetched_digest(pushed, fetched_once: Path, tmp_path: Path, keypair) -> None:
     dest, keys_dir, api = _fetched(fetched_once, tmp_path, keypair)
     port = free_port()
-    proc = _predictor(dest, keys_dir, api, port)
+    proc = _predictor(dest, keys_dir, api, port, expect=pushed["uri"])
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

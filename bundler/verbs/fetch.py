@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from core.errors import BundleError
 from bundler.store.refs import Ref, parse_ref
 from bundler.store.layout import Store
-from bundler.verbs.fromdir import CONFIG, EVIDENCE, MANIFEST, ORIGIN, SIGNATURE
+from bundler.verbs.fromdir import CONFIG, EVIDENCE, MANIFEST, ORIGIN, SIGNATURE, check_fetched
 
 SCHEME = "bundle://"  # the storage URI prefix the ClusterStorageContainer (deploy/kserve/) claims
 
@@ -105,6 +105,7 @@ def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, pla
         origin = {"ref": str(ref), "digest": mk.digest, "signer": report.signer, "signature": report.signature_digest,
                   "fetched": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
         (evidence / ORIGIN).write_text(json.dumps(origin, indent=2) + "\n", encoding="utf-8")
+        check_fetched(staging / "bundle", trusted)  # serve --from-dir's own check: fetch keeps nothing it would refuse
         for entry in sorted((staging / "bundle").iterdir()):
             os.replace(entry, dest / entry.name)
         os.rmdir(staging / "bundle")
