@@ -645,7 +645,8 @@ def _expected(from_dir: str | None, expect: str | None) -> Any:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key clients must send as `Authorization: Bearer <key>`.")
-@click.option("--open-probes", is_flag=True, help="GET /health and /metrics answer without the API key (Kubernetes probes and Prometheus scrapes send none).")
+@click.option("--open-probes", is_flag=True, help="GET /health, /livez and /metrics answer without the API key (Kubernetes probes and Prometheus scrapes send none; /metrics then leaves out the prompt cache's figures).")
+@click.option("--served-model-name", envvar="BUNDLE_SERVED_MODEL_NAME", help="Another name the model answers to besides the bundle reference (KServe: the InferenceService's name; also $BUNDLE_SERVED_MODEL_NAME).")
 @click.option("--max-queue", default=16, show_default=True, type=click.IntRange(1, 4096), help="Requests that may wait; more answer 429.")
 @click.option("--time-limit", default=300.0, show_default=True, type=click.FloatRange(0.1), help="Seconds a request may take (queue included).")
 @click.option("--sequences", type=click.IntRange(1, 64), help="Requests decoded at once in one batch (llama.cpp, and torch models our compact forward runs; default: as many KV caches as fit, at most 8).")
@@ -662,11 +663,13 @@ def _expected(from_dir: str | None, expect: str | None) -> Any:
 @click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600), help="Seconds a client has to send a request's headers.")
 @command
 def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
-          time_limit: float, attest_key: str | None, open_probes: bool, max_body: int, allowed_hosts: tuple[str, ...], max_connections: int | None,
-          header_timeout: float, **options: Any) -> None:
+          time_limit: float, attest_key: str | None, open_probes: bool, served_model_name: str | None, max_body: int, allowed_hosts: tuple[str, ...],
+          max_connections: int | None, header_timeout: float, sequences: int | None, speculate: bool, prompt_cache: int | None, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
-    from bundler.serve.app import serve_bundle
-    from bundler.serve.guard import ServeLimits, connection_room
+    from bundler.serve.request_guard import ServeLimits, connection_room
+    from bundler.serve.server import serve_bundle
+    from bundler.serve.settings import BatchSettings, LoadOptions, ServeSettings
+    from bundler.serve.sources import DirSource, StoreSource
 
     limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
     if max_connections is not None:
@@ -693,16 +696,19 @@ def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | Non
     if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
         from bundler.trust.runrecord import ServeRecords
 
-        settings = {"max_queue": max_queue, "time_limit_s": time_limit, **options}
-        records = ServeRecords(store, keys.load_private_key(Path(attest_key), _password()), settings)
+        recorded = {"max_queue": max_queue, "time_limit_s": time_limit, "sequences": sequences, "speculate": speculate,
+                    "prompt_cache": prompt_cache, **options}
+        records = ServeRecords(store, keys.load_private_key(Path(attest_key), _password()), recorded)
 
     def ready(info: dict[str, Any]) -> None:
         click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
 
     try:
-        serve_bundle(store, parse_ref(ref) if ref else None, _trusted(key_paths), host=host, port=port, api_key=api_key, max_queue=max_queue,
-                     time_limit_s=time_limit, limits=limits, on_ready=ready, on_record=records.attach if records else None,
-                     from_dir=Path(from_dir) if from_dir else None, expect=expected, open_probes=open_probes, **options)
+        source = DirSource(Path(from_dir), expected, store) if from_dir else StoreSource(store, parse_ref(ref))
+        settings = ServeSettings(host=host, port=port, api_key=api_key, open_probes=open_probes, served_model_name=served_model_name,
+                                 max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options),
+                                 batch=BatchSettings(sequences=sequences, speculate=speculate, prompt_cache=prompt_cache))
+        serve_bundle(source, _trusted(key_paths), settings, on_ready=ready, on_record=records.attach if records else None)
     finally:
         written = records.close() if records else None
         if written:
