@@ -50,6 +50,34 @@ def test_bench_json_reports_every_figure(tmp_path: Path, store: str, keypair: tu
     assert out["fastest_plain"] in ("target_only_float32", "target_only_bfloat16", "runner_plain")
 
 
+def test_bench_reports_each_category_the_method_chosen_and_prompt_lookup_as_a_peer(tmp_path: Path, store: str, keypair: tuple[Path, Path]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "one two three one two", "category": "copy"}\n{"prompt": "hello world", "category": "open"}\n'
+                       '{"prompt": "a b c a b", "category": "copy"}\n')
+    result = run_bundle("bench", "tiny-spec:1", "--prompts", str(prompts), "--max-new-tokens", "8", "--key", str(keypair[1]),
+                        "--store", store, "--json", check=True)
+    out = json.loads(result.out)
+    assert_matches_schema(out, "bench-report")
+    assert out["runs"]["hf_prompt_lookup"]["tokens_per_second"] > 0 and "speedup_vs_hf_prompt_lookup" in out
+    assert list(out["categories"]) == ["copy", "open"]
+    copy = out["categories"]["copy"]
+    assert copy["prompts"] == 2 and sum(copy["methods"].values()) == 2
+    assert set(copy["tokens_per_second"]) >= {"bundle", "runner_plain", "hf_prompt_lookup"}
+    assert all(p["method"] for p in out["per_prompt"])
+
+
+def test_bench_takes_a_shipped_prompt_set_by_name(store: str, keypair: tuple[Path, Path]) -> None:
+    result = run_bundle("bench", "tiny-spec:1", "--prompts", "grounded", "--limit", "2", "--max-new-tokens", "4", "--key", str(keypair[1]),
+                        "--store", store, "--json", check=True)
+    out = json.loads(result.out)
+    assert out["prompts"] == 2 and set(out["categories"]) <= {"edit-code", "rewrite", "extract-json", "answer-from-context", "multi-turn"}
+
+
+def test_bench_refuses_an_unknown_prompt_set(tmp_path: Path) -> None:
+    result = run_bundle("bench", "tiny-spec:1", "--prompts", "no-such-set", "--store", str(tmp_path / "s"))
+    assert result.code == 2 and result.err.startswith("error: [usage] ") and "open" in result.err
+
+
 def test_bench_reads_the_packaged_default_prompts_from_any_directory(tmp_path: Path, store: str, keypair: tuple[Path, Path]) -> None:
     elsewhere = tmp_path / "elsewhere"  # no benchmarks/ here: the default comes with the package
     elsewhere.mkdir()

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from runner.checks import gguf_model
-from runner.bench.runs import Run, interleaved_rounds, pooled, speculation_figures, timed
+from runner.bench.runs import Run, by_category, chosen_method, interleaved_rounds, pooled, speculation_figures, timed
 from runner.engines import llamacpp
 from runner.gguf_run import load_gguf_pair
 from runner.bench.machine import machine_info
@@ -148,6 +148,7 @@ def _per_prompt(i: int, runs: Mapping[str, Run]) -> dict[str, Any]:
         "per_token_acceptance": round(stats.acceptance or 0.0, 3),
         "mean_accepted_length": round(stats.mean_accepted_length or 0.0, 3),
         "fallback_at": stats.fallback["at_token"] if stats.fallback else None,
+        "method": chosen_method(stats),
     }
 
 
@@ -162,6 +163,7 @@ def bench_gguf(
     memory_budget: int | None = None,
     progress: Callable[[str], None] | None = None,
     history=None,
+    categories: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """runner.bench.torch_bench.bench_unpacked for a GGUF pair: the same checks as `bundle run` before any weights load,
     then every method on the same prompts, prompt by prompt, the order rotating; `repeat` rounds, the
@@ -192,6 +194,7 @@ def bench_gguf(
         **_identity(target, theirs, ids, rounds[0]),
         "fallbacks": [{"prompt": i, **s.fallback} for i, s in enumerate(rounds[0]["bundle"].stats) if s.fallback],
         "per_prompt": [_per_prompt(i, rounds[0]) for i in range(len(ids))],
+        "categories": by_category(rounds, list(categories or ["user"] * len(ids)), "target_only", ("llama_cpp_python",)),
         "prompts": len(ids),
         "max_new_tokens": max_new_tokens,
         "draft_tokens": k,

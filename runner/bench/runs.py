@@ -4,7 +4,8 @@ for llama.cpp)."""
 
 from __future__ import annotations
 
-__all__ = ["Run", "break_even_acceptance", "interleaved_rounds", "pooled", "speculation_figures", "timed"]
+__all__ = ["Run", "break_even_acceptance", "by_category", "chosen_method", "interleaved_rounds", "pooled", "speculation_figures",
+           "timed"]
 
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ class Run:
     tokens: list[list[int]] = field(default_factory=list)
     seconds: float = 0.0
     stats: list[Any] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # seconds per prompt, in the order of tokens
 
     @property
     def new_tokens(self) -> int:
@@ -38,7 +40,9 @@ def timed(prompts: Sequence[list[int]], generate: Callable[[list[int]], tuple[li
     for ids in prompts:
         start = time.perf_counter()
         tokens, stats = generate(ids)
-        run.seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        run.seconds += elapsed
+        run.times.append(elapsed)
         run.tokens.append(tokens)
         run.stats.append(stats)
     return run
@@ -64,7 +68,47 @@ def interleaved_rounds(methods: Mapping[str, Callable[[list[int]], tuple[list[in
 
 def pooled(runs: Sequence[Run]) -> Run:
     """Several rounds of one method as one run: every prompt of every round."""
-    return Run([t for r in runs for t in r.tokens], sum(r.seconds for r in runs), [s for r in runs for s in r.stats])
+    return Run([t for r in runs for t in r.tokens], sum(r.seconds for r in runs), [s for r in runs for s in r.stats],
+               [t for r in runs for t in r.times])
+
+
+def chosen_method(stats: Any) -> str:
+    """The method a generation ended up with: the one the guard chose where the loop records it, else
+    the draft model, or plain where the guard fell back before anything was drafted."""
+    method = getattr(stats, "method", None)
+    if method:
+        return str(method)
+    if stats.fallback:
+        return "draft, then plain" if stats.spec_tokens else "plain"
+    return "draft"
+
+
+def by_category(rounds: Sequence[Mapping[str, Run]], categories: Sequence[str], reference: str,
+                peers: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Per prompt category, over every round: tokens/s of the bundle, of `reference` (our plain decoding)
+    and of each peer present, the bundle's speed-up over each, and how often the guard chose each method."""
+    out: dict[str, dict[str, Any]] = {}
+    for category in dict.fromkeys(categories):
+        picks = [i for i, c in enumerate(categories) if c == category]
+
+        def tps(name: str) -> float:
+            tokens = sum(len(rnd[name].tokens[i]) for rnd in rounds for i in picks)
+            seconds = sum(rnd[name].times[i] for rnd in rounds for i in picks)
+            return tokens / seconds if seconds else 0.0
+
+        names = ["bundle", reference, *(p for p in peers if p in rounds[0])]
+        speeds = {name: tps(name) for name in names}
+        methods: dict[str, int] = {}
+        for i in picks:
+            method = chosen_method(rounds[0]["bundle"].stats[i])
+            methods[method] = methods.get(method, 0) + 1
+        out[category] = {
+            "prompts": len(picks),
+            "tokens_per_second": {name: round(v, 2) for name, v in speeds.items()},
+            **{f"speedup_vs_{name}": round(speeds["bundle"] / speeds[name], 3) if speeds[name] else None for name in names[1:]},
+            "methods": methods,
+        }
+    return out
 
 
 def break_even_acceptance(cost_ratio: float, verify_ratio: float, max_k: int) -> float:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from runner.models.loading import load_model
-from runner.bench.runs import Run, interleaved_rounds, pooled, speculation_figures, timed
+from runner.bench.runs import Run, by_category, chosen_method, interleaved_rounds, pooled, speculation_figures, timed
 from runner.checks.modelinfo import FileRange
 from runner.pair import gguf_dirs, prompt_ids
 from runner.run import eos_ids, preflight, resolve_device, runtime_draft, runtime_target, verified_digests, weight_ranges_at
@@ -27,6 +27,8 @@ from runner.decoding.speculative import generate_plain, generate_speculative
 from runner.checks.tokenizer_gate import load_spec
 
 PLAIN_DTYPES = ("float32", "bfloat16")
+PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example setting of prompt_lookup_num_tokens
+PEERS = ("hf_prompt_lookup", "hf_assisted_default", "hf_assisted_k")
 
 
 def _hf_assisted(target, draft, eos: set[int], max_new_tokens: int, k: int | None) -> Callable[[list[int]], tuple[list[int], Any]]:
@@ -39,6 +41,21 @@ def _hf_assisted(target, draft, eos: set[int], max_new_tokens: int, k: int | Non
             out = target.generate(
                 x, attention_mask=torch.ones_like(x), assistant_model=draft, do_sample=False, max_new_tokens=max_new_tokens,
                 eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0], **extra,
+            )
+        return out[0, len(ids):].tolist(), None
+
+    return generate
+
+
+def _hf_prompt_lookup(target, eos: set[int], max_new_tokens: int) -> Callable[[list[int]], tuple[list[int], Any]]:
+    """transformers' prompt lookup decoding (greedy): n-gram proposals from the prompt, no draft model."""
+
+    def generate(ids: list[int]) -> tuple[list[int], Any]:
+        x = torch.tensor([ids], device=target.device)
+        with torch.inference_mode():
+            out = target.generate(
+                x, attention_mask=torch.ones_like(x), prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS, do_sample=False,
+                max_new_tokens=max_new_tokens, eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0],
             )
         return out[0, len(ids):].tolist(), None
 
@@ -119,6 +136,7 @@ def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
         "per_token_acceptance": round(stats.acceptance or 0.0, 3),
         "mean_accepted_length": round(stats.mean_accepted_length or 0.0, 3),
         "fallback_at": stats.fallback["at_token"] if stats.fallback else None,
+        "method": chosen_method(stats),
     }
 
 
@@ -137,8 +155,8 @@ def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
     hf, fastest = _fastest(runs)
     return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_runner_plain": tps("bundle") / tps("runner_plain"),
-            "speedup_vs_hf_assisted": tps("bundle") / tps(hf), "speedup_vs_fastest_plain": tps("bundle") / tps(fastest),
-            "fastest_plain": fastest}
+            "speedup_vs_hf_assisted": tps("bundle") / tps(hf), "speedup_vs_hf_prompt_lookup": tps("bundle") / tps("hf_prompt_lookup"),
+            "speedup_vs_fastest_plain": tps("bundle") / tps(fastest), "fastest_plain": fastest}
 
 
 
@@ -168,9 +186,11 @@ def bench_unpacked(
     weight_ranges: Mapping[str, FileRange] | None = None,
     progress: Callable[[str], None] | None = None,
     history: Any = None,
+    categories: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Every method on the same prompts in this process; tokens/s, ratios, acceptance, costs, identity.
-    weight_ranges: weight files left inside their layer blobs, as run_unpacked takes them.
+    weight_ranges: weight files left inside their layer blobs, as run_unpacked takes them. categories: each
+    prompt's kind of task (runner.bench.prompt_sets); the report gives each category's figures.
 
     repeat: rounds over all prompts; the speed-ups are then the medians of the rounds' (`rounds`), tokens/s
     and acceptance are over all rounds, and identity, fallbacks and per-prompt figures are the first round's."""
@@ -181,7 +201,7 @@ def bench_unpacked(
         from runner.bench.gguf_bench import bench_gguf  # the llama.cpp engine, against llama-cpp-python's own generation
 
         return bench_gguf(ggufs, params, prompts, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
-                          repeat=repeat, progress=progress, history=history)
+                          repeat=repeat, progress=progress, history=history, categories=categories)
     say = progress or (lambda _msg: None)
     device = resolve_device(device)
     dtype = str(params.get("dtype") or "float32")
@@ -205,7 +225,9 @@ def bench_unpacked(
     rounds = _timed_rounds(models, _methods(models, settings, eos, vocab, max_new_tokens, k, history), ids, eos, dtype, repeat, say)
     draft_only = timed(ids[:2], _plain(models.draft, eos, vocab, max_new_tokens))  # for the cost ratio
     models.others.clear()  # the other dtypes' targets: not needed for the report
+    labels = list(categories or ["user"] * len(ids))
     return {**_report(models, rounds, draft_only, ids, dtype, k), "prompts": len(ids), "max_new_tokens": max_new_tokens,
+            "categories": by_category(rounds, labels, "runner_plain", PEERS),
             "dtype": dtype, "device": device, "threads": torch.get_num_threads(), "engine": "torch",
             "machine": machine_info(torch.get_num_threads())}
 
@@ -218,7 +240,7 @@ def _plain(model: Any, eos: set[int], vocab: int, max_new_tokens: int) -> Callab
 def _methods(models: _Models, settings: DecodingSettings, eos: set[int], vocab: int, max_new_tokens: int, k: int,
              history: Any) -> dict[str, Callable[[list[int]], tuple[list[int], Any]]]:
     """Every method bench times, by name: the target alone, our plain decoding, ours, transformers' assisted
-    generation in two settings, the target alone in the other dtypes."""
+    generation in two settings, transformers' prompt lookup, the target alone in the other dtypes."""
     plain = lambda model: _plain(model, eos, vocab, max_new_tokens)  # noqa: E731
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
@@ -233,6 +255,7 @@ def _methods(models: _Models, settings: DecodingSettings, eos: set[int], vocab: 
         "bundle": ours,
         "hf_assisted_default": _hf_assisted(target, plain_draft, eos, max_new_tokens, None),
         "hf_assisted_k": _hf_assisted(target, plain_draft, eos, max_new_tokens, k),
+        "hf_prompt_lookup": _hf_prompt_lookup(target, eos, max_new_tokens),
         **{f"target_only_{other}": plain(model) for other, model in models.others.items()},
     }
 
@@ -273,6 +296,7 @@ def _report(models: _Models, rounds: list[dict[str, Run]], draft_only: Run, ids:
         "speedup_vs_target": round(speedup, 3),
         "speedup_vs_runner_plain": round(spec_gain, 3),
         "speedup_vs_hf_assisted": round(median("speedup_vs_hf_assisted"), 3),
+        "speedup_vs_hf_prompt_lookup": round(median("speedup_vs_hf_prompt_lookup"), 3),
         "speedup_vs_fastest_plain": round(median("speedup_vs_fastest_plain"), 3),
         "fastest_plain": fastest_plain,
         "rounds": [{key: round(value, 3) if isinstance(value, float) else value for key, value in r.items()} for r in ratios],
