@@ -5,7 +5,6 @@ from __future__ import annotations
 __all__ = ["main"]
 
 import functools
-import importlib.resources
 import json
 import os
 import re
@@ -547,27 +546,11 @@ def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key
             click.echo(f"run record {result['attestation']['digest']} signed by {result['attestation']['key_id'][:16]}…", err=True)
 
 
-def _read_prompts(path: str | None) -> list[str]:
-    """The prompts of a JSON lines file; without one, the held-out prompts shipped in the package (found from
-    any directory)."""
-    source = Path(path) if path else importlib.resources.files("runner.bench") / "prompts.jsonl"
-    prompts = []
-    for n, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            prompts.append(str(json.loads(line)["prompt"]))
-        except (ValueError, KeyError, TypeError):
-            raise BundleError("usage", f"{source}:{n}: expected a JSON line {{\"prompt\": ...}}") from None
-    if not prompts:
-        raise BundleError("usage", f"{source} holds no prompts")
-    return prompts
-
-
 @main.command()
 @click.argument("ref")
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
-              help="JSON lines {\"prompt\": ...}.  [default: the held-out prompts shipped with specbundle, runner/bench/prompts.jsonl]")
+@click.option("--prompts", "prompts_file", metavar="open|grounded|FILE",
+              help="A shipped prompt set (open: open questions; grounded: held-out edit, rewrite, extract, answer-from-text and "
+                   "multi-turn tasks) or a file: JSON lines {\"prompt\": ..., \"category\": ...} or one prompt a line.  [default: open]")
 @click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Default: the bundle's.")
@@ -581,13 +564,20 @@ def bench(store: Store, ref: str, prompts_file: str | None, limit: int | None, k
 
     A GGUF bundle: our plain decoding, llama-cpp-python's own generation of the target file and `bundle run`."""
     from bundler.verbs.run import bench_bundle
+    from runner.bench.prompt_sets import read_prompts
 
-    prompts = _read_prompts(prompts_file)[:limit]
+    prompts = read_prompts(prompts_file)[:limit]
     say = None if as_json else (lambda msg: click.echo(f"… {msg}", err=True))
-    result = bench_bundle(store, parse_ref(ref), _trusted(key_paths), prompts, progress=say, **options)
+    result = bench_bundle(store, parse_ref(ref), _trusted(key_paths), [p.text for p in prompts], progress=say,
+                          categories=[p.category for p in prompts], **options)
     if as_json:
         _emit(result)
         return
+    _print_bench(result)
+
+
+def _print_bench(result: dict[str, Any]) -> None:
+    """bench's report as tables: the runs, the headline figures, each category, each prompt, what differed."""
     from rich.console import Console
     from rich.table import Table
 
@@ -599,17 +589,26 @@ def bench(store: Store, ref: str, prompts_file: str | None, limit: int | None, k
         table.add_row(name, f"{run['tokens_per_second']:.1f}", str(run["new_tokens"]), f"{run['seconds']:.2f}")
     console = Console()
     console.print(table)
-    for key in ("speedup_vs_target", "speedup_vs_runner_plain", "speedup_vs_hf_assisted", "speedup_vs_llama_cpp_python", "plain_vs_llama_cpp_python",
+    for key in ("speedup_vs_target", "speedup_vs_runner_plain", "speedup_vs_hf_assisted", "speedup_vs_hf_prompt_lookup",
+                "speedup_vs_llama_cpp_python", "plain_vs_llama_cpp_python",
                 "speedup_vs_fastest_plain", "acceptance_rate", "per_token_acceptance",
                 "mean_accepted_length", "cost_ratio", "verify_cost_ratio", "theoretical_speedup", "efficiency", "break_even_acceptance", "identical_output",
                 "runner_plain_identical"):
         if key in result:
             console.print(f"{key:<28} {result[key]}")
-    per_prompt = Table("prompt", "tokens", "x target", "x our plain", "acceptance", "accepted/pass", "fallback at")
+    categories = Table("category", "prompts", "tokens/s", "x our plain", "x peers", "method chosen")
+    for name, c in result.get("categories", {}).items():
+        peers = ", ".join(f"{key.removeprefix('speedup_vs_')} {value:.2f}" for key, value in c.items()
+                          if key.startswith("speedup_vs_") and value is not None and key not in ("speedup_vs_runner_plain", "speedup_vs_target_only"))
+        ours = c.get("speedup_vs_runner_plain", c.get("speedup_vs_target_only"))
+        categories.add_row(name, str(c["prompts"]), f"{c['tokens_per_second']['bundle']:.1f}", "-" if ours is None else f"{ours:.2f}", peers,
+                           ", ".join(f"{m} {n}" for m, n in c["methods"].items()))
+    console.print(categories)
+    per_prompt = Table("prompt", "tokens", "x target", "x our plain", "acceptance", "accepted/pass", "fallback at", "method")
     for p in result["per_prompt"]:
         per_prompt.add_row(str(p["prompt"]), str(p["new_tokens"]), f"{p['speedup_vs_target']:.2f}", f"{p['speedup_vs_runner_plain']:.2f}",
                            f"{p['per_token_acceptance']:.2f}",
-                           f"{p['mean_accepted_length']:.2f}", "-" if p["fallback_at"] is None else str(p["fallback_at"]))
+                           f"{p['mean_accepted_length']:.2f}", "-" if p["fallback_at"] is None else str(p["fallback_at"]), p.get("method", "-"))
     console.print(per_prompt)
     for d in result["differences"]:
         if "gap_in_theirs" in d:  # GGUF: against llama-cpp-python's own greedy generation
@@ -635,6 +634,79 @@ def _expected(from_dir: str | None, expect: str | None) -> Any:
         click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
                    "under its signed name: pin the reference or digest", err=True)
     return parse_expected(expect) if from_dir and expect else None
+
+
+@main.command()
+@click.argument("target")
+@click.option("--prompts", "prompts_file", metavar="SET|FILE",
+              help="Prompts to tune on: a shipped set (open, grounded-tuning) or a file of JSON lines {\"prompt\": ...} or one prompt a line; "
+                   "from a file, every third prompt is held out for the check.  [default: grounded-tuning, checked on grounded]")
+@click.option("--held-out", metavar="SET|FILE|none", help="Prompts for the held-out check instead (none: no check).")
+@click.option("--draft", "drafts", multiple=True, type=click.Path(exists=True, file_okay=False), help="A candidate draft model directory (repeatable).")
+@click.option("--max-k", default=8, show_default=True, type=click.IntRange(1, 32), help="Try proposal lengths 1..N.")
+@click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts of each set.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--device", callback=_device, help="cpu, cuda or cuda:N (default: cuda when available).")
+@click.option("-f", "--file", "kitfile", type=click.Path(dir_okay=False), help="The context's Kitfile, when not CONTEXT/Kitfile.")
+@click.option("--write", is_flag=True, help="Put the chosen settings into the context's Kitfile (a context only).")
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable; a stored bundle).")
+@click.option("--json", "as_json", is_flag=True, help="The table and the choice as one JSON object on stdout.")
+@command
+def tune(store: Store, target: str, prompts_file: str | None, held_out: str | None, drafts: tuple[str, ...], max_k: int, limit: int | None,
+         max_new_tokens: int, device: str | None, kitfile: str | None, write: bool, key_paths: tuple[str, ...], as_json: bool) -> None:
+    """Measure each speculation method, draft length and candidate draft on TARGET (a context directory
+    before `pack`, or a stored bundle REF, verified as `run` verifies it): acceptance per position and
+    tokens/s on this machine; print the table and the choice, checked on held-out prompts."""
+    from bundler.verbs.tune import TuneOptions, split_held_out, tune_bundle, tune_context
+    from runner.bench.prompt_sets import read_prompts
+
+    is_context = Path(target).is_dir()
+    if write and not is_context:
+        raise BundleError("usage", "--write needs a context directory; a stored bundle is signed as it is")
+    prompts = [p.text for p in read_prompts(prompts_file, default="grounded-tuning")]
+    if held_out == "none":
+        held = []
+    elif held_out or not prompts_file:
+        held = [p.text for p in read_prompts(held_out, default="grounded")]
+    else:
+        prompts, held = split_held_out(prompts)
+    say = None if as_json else (lambda msg: click.echo(f"… {msg}", err=True))
+    options = TuneOptions(prompts[:limit], held[:limit], tuple(Path(d) for d in drafts), tuple(range(1, max_k + 1)), max_new_tokens, device, say)
+    if is_context:
+        result = tune_context(Path(target), options, write=write, kitfile=Path(kitfile) if kitfile else None)
+    else:
+        result = tune_bundle(store, parse_ref(target), _trusted(key_paths), options)
+    if as_json:
+        _emit(result)
+        return
+    _print_tune(result)
+
+
+def _print_tune(result: dict[str, Any]) -> None:
+    """tune's table (every setting), the choice and the held-out check."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for title, rows in (("tuning prompts", result["rows"]), ("held-out prompts", result["held_out_rows"] or [])):
+        table = Table("setting", "tokens/s", "x plain", "acceptance", "acceptance by position", title=title)
+        for r in rows:
+            if not r["supported"]:
+                table.add_row(r["setting"], "not run: this build's loop lacks the method", "-", "-", "-")
+                continue
+            table.add_row(r["setting"], f"{r['tokens_per_second']:.1f}", "-" if r["speedup_vs_plain"] is None else f"{r['speedup_vs_plain']:.2f}",
+                          f"{r['per_token_acceptance']:.2f}", " ".join(f"{a:.2f}" for a in r["acceptance_at"]))
+        if rows:
+            console.print(table)
+    choice = result["choice"]
+    console.print(f"choice: {choice['setting']} ({choice['tokens_per_second']:.1f} tokens/s, {choice['speedup_vs_plain']}x plain)"
+                  + (" — plain decoding was faster on these prompts; the guard falls back to it" if result["plain_fastest"] else ""))
+    check = result["held_out"]
+    if check:
+        verdict = "within" if check["within_tolerance"] else "NOT within"
+        console.print(f"held out: the choice {check['choice_tokens_per_second']:.1f} tokens/s, best there {check['best']} "
+                      f"{check['best_tokens_per_second']:.1f}: {check['share_of_best']:.1%} of it, {verdict} {check['tolerance']:.0%}")
+    console.print(f"settings: {json.dumps(result['settings'])}" + (f" written to {result['written']}" if result.get("written") else ""))
 
 
 @main.command()

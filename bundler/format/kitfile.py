@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "pickle_files", "runner_params"]
+__all__ = ["Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "pickle_files", "runner_params", "with_speculative"]
 
+import json
 import os
 import posixpath
 from dataclasses import dataclass
@@ -151,6 +152,39 @@ def _speculative_methods(data: dict[str, Any], where: str) -> tuple[str, ...] | 
         raise _invalid(where, f"model.parameters.speculative.ngram: min_n {ngram['min_n']} is above max_n {ngram['max_n']}")
     methods = speculative.get("methods")
     return tuple(methods) if methods else None
+
+
+def with_speculative(text: str, updates: Mapping[str, Any], where: str = "Kitfile") -> str:
+    """Kitfile text with `updates` merged into model.parameters.speculative and the rest of the text as it
+    was (comments, order, style): only the speculative node is rewritten (in flow style), or added."""
+    data = _parse_yaml(text, where)
+    kitfile_from_data(data, where)
+    expected = {**data, "model": {**data["model"], "parameters": {**(data["model"].get("parameters") or {})}}}
+    expected["model"]["parameters"]["speculative"] = {**(expected["model"]["parameters"].get("speculative") or {}), **updates}
+    node, path = yaml.compose(text, Loader=yaml.SafeLoader), []
+    for key in ("model", "parameters", "speculative"):
+        child = next((v for k, v in node.value if k.value == key), None) if isinstance(node, yaml.MappingNode) else None
+        if child is None:
+            break
+        node, path = child, [*path, key]
+    value: Any = expected
+    for key in path:
+        value = value[key]
+    span = text[node.start_mark.index:node.end_mark.index]
+    # a block node's span runs on to the next key's indentation: the edit ends at the span's last newline
+    cut = span.rfind("\n") if "\n" in span and not span[span.rfind("\n") + 1:].strip() else len(span)
+    end = node.start_mark.index + cut
+    if len(path) < 3 and isinstance(node, yaml.MappingNode) and not node.flow_style and node.value:
+        missing = ("model", "parameters", "speculative")[len(path)]  # add the missing key as the node's last line
+        indent = " " * node.value[0][0].start_mark.column
+        line = f"{indent}{missing}: {json.dumps(value[missing])}\n"
+        edited = text[:end + 1] + line + text[end + 1:] if end < len(text) else text + "\n" + line
+    else:
+        edited = text[:node.start_mark.index] + json.dumps(value) + text[end:]  # JSON is YAML's flow style
+    if _parse_yaml(edited, where) != expected:
+        raise _invalid(where, "the speculative settings could not be written in place; edit the Kitfile by hand")
+    kitfile_from_data(expected, where)
+    return edited
 
 
 def parse_kitfile(text: str, where: str = "Kitfile") -> Kitfile:
