@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import BundleError
 from runner.checks import gguf_model
 from tests.fleet import ROOT
 from tests.tinygguf import write_gguf
@@ -80,7 +81,8 @@ def test_a_48_mib_metadata_array_is_refused_before_the_probe_and_costs_no_memory
     _with_array(hostile / "draft" / "model.gguf", "general.padding", STRING, count, _gguf_string(b"x"))
     code, hostile_peak, err = _pack_peak(hostile, tmp_path / "s2")
     assert code == 6, err
-    assert err.startswith("error: [invalid-bundle] model.gguf is not a readable GGUF file: metadata besides the vocabulary"), err
+    assert err.startswith("error: [invalid-bundle] model.gguf: metadata besides the vocabulary takes "), err
+    assert "(the most at 'general.padding'), more than 8 MiB" in err
     assert "refused before llama.cpp reads it" in err and len(err.strip().splitlines()) == 1
     # the file is read through a map and the array stepped over: the peak is the clean pack's, not +250 MB
     assert hostile_peak <= clean_peak + 32 * 1024, f"peak {hostile_peak} kB against {clean_peak} kB for a clean pack"
@@ -94,13 +96,22 @@ def test_metadata_under_the_bound_still_packs(tmp_path: Path) -> None:
     assert code == 0, err
 
 
-@pytest.mark.parametrize("key", ["tokenizer.ggml.scores", "general.padding"])
-def test_an_array_past_the_bounds_is_refused_before_llama_cpp_reads_it(tmp_path: Path, key: str) -> None:
+def test_a_scores_array_longer_than_any_vocabulary_is_refused_by_the_header_reader(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     write_gguf(path, **SMALL)
-    count = gguf_model.MAX_ARRAY + 1 if key.startswith("tokenizer") else gguf_model.MAX_OTHER_METADATA + 1
-    _with_array(path, key, UINT8, count, b"\x00")
-    with pytest.raises(Exception) as err:
+    _with_array(path, "tokenizer.ggml.scores", UINT8, gguf_model.MAX_ARRAY + 1, b"\x00")
+    with pytest.raises(BundleError) as err:
         gguf_model.read_header(path)
-    assert getattr(err.value, "code", None) == "invalid-bundle", err.value
+    assert err.value.code == "invalid-bundle" and "at most 2,097,152 are read" in err.value.message
 
+
+def test_the_header_reader_measures_what_llama_cpp_would_hold_of_the_rest(tmp_path: Path) -> None:
+    """Bytes in the file plus a std::string per string element, for every string and array but the vocabulary's."""
+    path = tmp_path / "m.gguf"
+    write_gguf(path, **SMALL)
+    base, _ = gguf_model.read_header(path)["other_metadata"]
+    _with_array(path, "general.padding", STRING, 1000, _gguf_string(b"x"))
+    cost, key = gguf_model.read_header(path)["other_metadata"]
+    assert key == "general.padding"
+    array = 4 + 8 + 1000 * (9 + gguf_model.STRING_COST)  # type, count, elements: the string the key is not counted
+    assert cost - base >= array

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["Ref", "parse_ref", "without_userinfo"]
+__all__ = ["Ref", "STORAGE_SCHEMES", "parse_ref", "without_userinfo"]
 
 import re
 from dataclasses import dataclass
 
 from core.errors import BundleError
+
+# Storage URI prefixes taken as a reference: ours, and KitOps' own (its KServe integration writes kit://).
+STORAGE_SCHEMES = ("bundle://", "kit://")
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["attach_signature", "sign_checked", "sign_modelkit"]
+__all__ = ["attach_signature", "sign_checked", "sign_modelkit", "signed_fields"]
 
 import datetime as dt
 from dataclasses import dataclass

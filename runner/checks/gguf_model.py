@@ -95,10 +95,6 @@ STRING_COST = 32  # bytes of a std::string in libstdc++ (the gguf reader keeps o
 MAX_TENSORS = 1 << 17
 
 
-class _TooMuchMetadata(ValueError):
-    """The metadata besides the vocabulary passed MAX_OTHER_METADATA."""
-
-
 class _Header:
     """A GGUF header read from its bytes, bounds-checked at every step, refusing what llama.cpp's own reader
     (ggml/src/gguf.cpp) refuses: nested arrays, duplicate keys and tensor names, more than 4 dimensions.
@@ -133,9 +129,9 @@ class _Header:
     def skip_string(self) -> None:
         self.take(self.scalar("<Q"))
 
-    def value(self, kind: int, keep: bool, bounded: bool = False, room: int | None = None):
+    def value(self, kind: int, keep: bool, bounded: bool = False):
         """The value of type `kind`, or None without building it when not `keep`; an array longer than
-        MAX_ARRAY is refused when kept or `bounded`, one that must cost more than `room` before it is read."""
+        MAX_ARRAY is refused when kept or `bounded`."""
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == _STRING:
@@ -150,9 +146,6 @@ class _Header:
                 raise ValueError(f"an array of {count} elements is longer than the file")
             if (keep or bounded) and count > MAX_ARRAY:
                 raise ValueError(f"an array of {count:,} elements (at most {MAX_ARRAY:,} are read)")
-            least = count * (8 + STRING_COST if item == _STRING else struct.calcsize(_SCALARS[item]))
-            if room is not None and least > room:
-                raise _TooMuchMetadata()
             self.strings += count if item == _STRING else 0
             if item in _SCALARS:
                 raw = self.take(count * struct.calcsize(_SCALARS[item]))
@@ -194,7 +187,7 @@ def _parse_header(path: Path) -> dict:
             n_tensors, n_kv = h.scalar("<Q"), h.scalar("<Q")
             if n_tensors > MAX_TENSORS:
                 raise ValueError(f"{n_tensors:,} tensors (at most {MAX_TENSORS:,} are read)")
-            metadata, seen, other = {}, set(), 0
+            metadata, seen, other, largest = {}, set(), 0, (0, "")
             for _ in range(n_kv):
                 key = h.string(longest=_MAX_KEY)
                 if key in seen:
@@ -202,16 +195,10 @@ def _parse_header(path: Path) -> dict:
                 seen.add(key)
                 kind = h.scalar("<I")
                 start, strings = h.at, h.strings
-                counted = kind in (_STRING, _ARRAY) and not (kind == _ARRAY and key in VOCAB_ARRAYS)
-                try:
-                    value = h.value(kind, _kept(key, kind), bounded=key in VOCAB_ARRAYS, room=MAX_OTHER_METADATA - other if counted else None)
-                    if counted:
-                        other += h.at - start + STRING_COST * (h.strings - strings + (kind == _STRING))
-                        if other > MAX_OTHER_METADATA:
-                            raise _TooMuchMetadata()
-                except _TooMuchMetadata:
-                    raise ValueError(f"metadata besides the vocabulary takes more than {MAX_OTHER_METADATA >> 20} MiB "
-                                     f"(at {_short(key)}): refused before llama.cpp reads it") from None
+                value = h.value(kind, _kept(key, kind), bounded=key in VOCAB_ARRAYS)
+                if kind in (_STRING, _ARRAY) and not (kind == _ARRAY and key in VOCAB_ARRAYS):
+                    cost = h.at - start + STRING_COST * (h.strings - strings + (kind == _STRING))
+                    other, largest = other + cost, max(largest, (cost, key))
                 if value is not None:
                     metadata[key] = value
             tensors = {}
@@ -232,12 +219,13 @@ def _parse_header(path: Path) -> dict:
                 tensors[name] = (shape, count // block * size)
         finally:
             h.data.release()
-    return {"metadata": metadata, "tensors": tensors}
+    return {"metadata": metadata, "tensors": tensors, "other_metadata": (other, largest[1])}
 
 
 def read_header(path: Path) -> dict:
     """{"metadata": {key: value} (every scalar and string but the chat templates, and the KEPT_ARRAYS),
-    "tensors": {name: (shape, bytes)}} from a GGUF header; no tensor data is read. A malformed header is
+    "tensors": {name: (shape, bytes)}, "other_metadata": (what llama.cpp's reader would hold of every string
+    and array besides the vocabulary's, the key of the largest)} from a GGUF header; no tensor data is read. A malformed header is
     BundleError("invalid-bundle") naming the file and the fault."""
     try:
         return _parse_header(Path(path))
@@ -376,6 +364,15 @@ def _in_child(work: Callable[[], Any]) -> Any:
     raise BundleError(reply[1], reply[2])
 
 
+def _check_other_metadata(name: str, header: Mapping) -> None:
+    """Refuse, before llama.cpp reads the file, metadata besides the vocabulary that would cost its reader more
+    than MAX_OTHER_METADATA (read_header measured it while stepping over it)."""
+    cost, key = header.get("other_metadata", (0, ""))
+    if cost > MAX_OTHER_METADATA:
+        raise BundleError("invalid-bundle", f"{name}: metadata besides the vocabulary takes {cost / (1 << 20):.1f} MiB (the most at "
+                          f"{_short(key)}), more than {MAX_OTHER_METADATA >> 20} MiB: refused before llama.cpp reads it")
+
+
 def check_tokenizers(files: Mapping[str, Path], headers: Mapping[str, Mapping]) -> str:
     """The tokenizer gate for GGUF: the metadata field by field, then the probe set through both models'
     own llama.cpp tokenizers (vocabulary only, no weights). Returns the fingerprint; raises
@@ -388,6 +385,8 @@ def check_tokenizers(files: Mapping[str, Path], headers: Mapping[str, Mapping]) 
     found = difference(target, draft)
     if found:
         raise BundleError("tokenizer-mismatch", found)
+    for role in ("target", "draft"):
+        _check_other_metadata(files[role].name, headers[role])
     ids = _probe_ids(files)
     for probe, a, b in zip(PROBES, ids["target"], ids["draft"]):
         if a != b:
