@@ -60,8 +60,8 @@ def _storage_initializer(uri: str, dest: Path, env: dict[str, str]) -> subproces
     container = doc["spec"]["container"]
     assert container["command"][0] == "bundle" and "args" not in container  # KServe sets args; command is ours
     argv = [sys.executable, "-m", "bundler", *container["command"][1:], uri, str(dest)]
-    manifest_env = {e["name"]: e["value"] for e in container["env"]}
-    assert set(manifest_env) >= {"BUNDLE_TRUSTED_KEYS", "DOCKER_CONFIG", "BUNDLE_HOME"}
+    manifest_env = {e["name"]: e.get("value") for e in container["env"]}  # registry credentials: valueFrom a Secret
+    assert set(manifest_env) >= {"BUNDLE_TRUSTED_KEYS", "BUNDLE_REGISTRY_USER", "BUNDLE_REGISTRY_PASSWORD", "BUNDLE_HOME"}
     # The mounts and the throwaway store are the pod's: here, the test's directories.
     full = {k: v for k, v in os.environ.items() if k not in ("BUNDLE_TRUSTED_KEYS", "BUNDLE_HOME")}
     return subprocess.run(argv, env={**full, **env, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
