@@ -16,17 +16,18 @@ import datetime as dt
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from core.errors import BundleError
-from bundler.store.refs import Ref, parse_ref
+from bundler.store.refs import STORAGE_SCHEMES, Ref, parse_ref, without_userinfo
 from bundler.store.layout import Store
 from bundler.verbs.fromdir import CONFIG, EVIDENCE, MANIFEST, ORIGIN, SIGNATURE, check_fetched
 
-SCHEME = "bundle://"  # the storage URI prefix the ClusterStorageContainer (deploy/kserve/) claims
+SCHEME = STORAGE_SCHEMES[0]  # the storage URI prefix the ClusterStorageContainer (deploy/kserve/) claims, with kit://
 
 
 @dataclass(frozen=True)
@@ -40,18 +41,61 @@ class FetchResult:
 
 
 def storage_ref(uri: str) -> Ref:
-    """`bundle://HOST/REPO:TAG` (or a plain reference) as a Ref; anything else is a usage error."""
-    if "://" in uri and not uri.startswith(SCHEME):
-        raise BundleError("usage", f"{uri!r}: expected a {SCHEME}HOST/REPO:TAG storage URI or a bundle reference")
-    return parse_ref(uri.removeprefix(SCHEME))
+    """`bundle://HOST/REPO:TAG`, KitOps' `kit://HOST/REPO:TAG` (the same rules), or a plain reference, as a Ref;
+    anything else is a usage error. A `user:password@` before the host is dropped and never shown: registry
+    credentials come from DOCKER_CONFIG."""
+    rest = uri
+    for scheme in STORAGE_SCHEMES:
+        if uri.startswith(scheme):
+            rest = uri[len(scheme):]
+            break
+    else:
+        if "://" in uri:
+            raise BundleError("usage", f"{without_userinfo(uri)!r}: expected a {' or '.join(s + 'HOST/REPO:TAG' for s in STORAGE_SCHEMES)} storage URI or a bundle reference")
+    host, slash, path = rest.partition("/")
+    if slash and "@" in host:
+        rest = host.rpartition("@")[2] + slash + path
+    return parse_ref(rest)
 
 
-def _check_dest(dest: Path) -> None:
-    """DEST is new or an empty directory (KServe's is a mounted volume: filled in place, never replaced)."""
-    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        raise BundleError("usage", f"{dest} exists and is not a directory")
-    if dest.is_dir() and any(dest.iterdir()):
-        raise BundleError("usage", f"{dest} is not empty: fetch into a new or empty directory")
+def _prepare_dest(dest: Path) -> list[Path]:
+    """DEST is new or an empty directory fetch may write (KServe's is a mounted volume: filled in place, never
+    replaced); made when missing. Returns the directories fetch made, deepest first, to remove after a
+    refusal. Every failure is a usage error naming DEST, before anything is written."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:  # a parent that is a file (ENOTDIR), a loop, a parent it may not search
+        raise BundleError("usage", f"{dest}: cannot be a destination ({err.strerror or err})") from None
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise BundleError("usage", f"{dest} exists and is not a directory")
+        try:
+            if any(os.scandir(dest)):
+                raise BundleError("usage", f"{dest} is not empty: fetch into a new or empty directory")
+        except OSError as err:
+            raise BundleError("usage", f"{dest}: cannot read the destination ({err.strerror or err})") from None
+        if not os.access(dest, os.W_OK | os.X_OK):
+            raise BundleError("usage", f"{dest}: the destination is not writable")
+        return []
+    missing = [dest, *[p for p in dest.absolute().parents if not os.path.lexists(p)]][::-1]
+    made: list[Path] = []
+    try:
+        for path in missing:
+            os.mkdir(path)
+            made.append(path)
+    except OSError as err:
+        _remove_made(made[::-1])
+        raise BundleError("usage", f"{dest}: cannot create the destination ({err.strerror or err})") from None
+    return made[::-1]
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the directories fetch made (deepest first), each only if empty."""
+    for path in made:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 
 def _empty(dest: Path) -> None:
@@ -80,9 +124,7 @@ def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, pla
     from bundler.trust.verify import verify_bundle
 
     ref = storage_ref(uri)
-    _check_dest(dest)
-    existed = dest.is_dir()
-    dest.mkdir(parents=True, exist_ok=True)
+    made = _prepare_dest(dest)
     try:
         pulled = pull(store, ref, trusted=trusted, plain_http=plain_http, progress=progress, allow_rollback=allow_rollback)
         # Verified again from the store: the report carries the modelkit, the claims and the signature bytes.
@@ -110,10 +152,12 @@ def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, pla
             os.replace(entry, dest / entry.name)
         os.rmdir(staging / "bundle")
         os.rmdir(staging)
-    except BaseException:
-        _empty(dest)
-        if not existed:
-            with contextlib.suppress(OSError):
-                dest.rmdir()
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            _empty(dest)
+        _remove_made(made)
+        if isinstance(err, OSError):  # the disk: full, read-only, gone; named, not a traceback
+            where = f" {err.filename}" if err.filename else ""
+            raise BundleError("usage", f"fetch into {dest} failed writing{where}: {err.strerror or err}") from None
         raise
     return FetchResult(str(ref), mk.digest, report.signer, dest, files, checked.fingerprint)
