@@ -183,8 +183,12 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
     for tick in _progress():
         result, checked = pack_checked(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick)
     p = checked.pairing
-    click.echo(f"checked: tokenizer {checked.fingerprint}; {p['target_family']} pair ({checked.format}), "
-               f"{p['target_parameters']:,} / {p['draft_parameters']:,} parameters (ratio {p['size_ratio']:.1f})")
+    if p.get("size_ratio") is None:  # no draft: a bundle for draft-free speculation
+        click.echo(f"checked: tokenizer {checked.fingerprint}; {p['target_family']} target ({checked.format}), "
+                   f"{p['target_parameters']:,} parameters, no draft (draft-free speculation)")
+    else:
+        click.echo(f"checked: tokenizer {checked.fingerprint}; {p['target_family']} pair ({checked.format}), "
+                   f"{p['target_parameters']:,} / {p['draft_parameters']:,} parameters (ratio {p['size_ratio']:.1f})")
     click.echo(f"packed {result.ref}: {len(result.layers)} layers, {len(result.files)} files")
     if private is not None:
         from bundler.store.modelkit import load_modelkit

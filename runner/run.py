@@ -24,12 +24,12 @@ from typing import Any
 from core.errors import BundleError
 from runner.models.lean_tokenizer import load_tokenizer
 from runner.models.loading import ModelFiles, check_weight_files, load_models, torch_import_bytes
-from runner.checks.modelinfo import FileRange, Ranges, estimate_memory, read_config, read_raw_config, validate_config
+from runner.checks.modelinfo import FileRange, Ranges, count_parameters, estimate_memory, read_config, read_raw_config, validate_config
 from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
 from runner.checks.memory import check_memory
 from runner.checks.pairing import check_pairing
 from runner.decoding.run_history import with_history
-from runner.decoding.settings import cache_tokens, draft_length, thread_count
+from runner.decoding.settings import DRAFT_FREE_METHODS, cache_tokens, draft_length, thread_count
 from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -99,30 +99,46 @@ def weight_ranges_at(root: Path, weight_ranges: Mapping[str, FileRange] | None) 
     return {Path(root) / path: where for path, where in (weight_ranges or {}).items()}
 
 
+def model_roles(roles: Mapping[str, str], params: Mapping) -> tuple[str, ...]:
+    """The model roles a bundle runs: target and draft, or the target alone where the Kitfile asks for
+    draft-free speculation only (methods: [ngram]) and names no draft."""
+    if "target" not in roles:
+        raise BundleError("invalid-bundle", "the Kitfile names no target role")
+    if "draft" in roles:
+        return ("target", "draft")
+    if list(params.get("methods") or ()) != list(DRAFT_FREE_METHODS):
+        raise BundleError("invalid-bundle", "the Kitfile names no draft role (a bundle without one asks for draft-free speculation: methods: [ngram])")
+    return ("target",)
+
+
+def target_only(target_dir: Path, ranges: Ranges | None = None) -> dict:
+    """The pairing figures of a bundle without a draft: the target's family and size."""
+    return {"target_family": read_config(target_dir).get("model_type"), "draft_family": None,
+            "target_parameters": count_parameters(target_dir, ranges), "draft_parameters": 0, "size_ratio": None}
+
+
 def preflight(root: Path, roles: Mapping[str, str], params: Mapping, ranges: Ranges | None = None) -> dict:
     """The checks that read no weights, but memory: pickle weights, tokenizer gate, config agreement, pairing.
 
     ranges: weight files that are not on disk below root but inside layer blobs (see `_ranges`).
     Returns {"dirs", "tokenizer_dir", "fingerprint", "pairing"}; raises BundleError on the first failure.
     """
-    for needed in ("target", "draft"):
-        if needed not in roles:
-            raise BundleError("invalid-bundle", f"the Kitfile names no {needed} role")
+    models = model_roles(roles, params)
     dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft", "tokenizer")}
     for role, directory in dirs.items():
         if not directory.is_dir():
             raise BundleError("invalid-bundle", f"the {role} directory {roles[role]} is missing")
-    for role in ("target", "draft"):
+    for role in models:
         check_weight_files(dirs[role], role, ranges)
         # Types and ranges of what sizes the model, before anything is sized or built from it (exit 6).
         validate_config(read_raw_config(dirs[role]), role)
     fingerprint = check_tokenizers(dirs)
     tokenizer_dir = dirs.get("tokenizer") or next(d for d in dirs.values() if has_tokenizer_files(d))
-    for role in ("target", "draft"):
+    for role in models:
         check_config_agrees(dirs[role], tokenizer_dir, role)
-    pairing = check_pairing(dirs["target"], dirs["draft"], params, ranges)
+    pairing = check_pairing(dirs["target"], dirs["draft"], params, ranges) if "draft" in models else target_only(dirs["target"], ranges)
     draft_vocab = None
-    if params.get("draft_vocab"):
+    if params.get("draft_vocab") and "draft" in models:
         path = (dirs["draft"] / str(params["draft_vocab"])).resolve()
         if not path.is_relative_to(dirs["draft"].resolve()) or not path.is_file():
             raise BundleError("invalid-bundle", f"draft_vocab {params['draft_vocab']!r} is not a file in the draft directory")
@@ -190,15 +206,15 @@ def load_pair(
     prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
     max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens)
     torch_later = "torch" not in sys.modules  # a CPU build imports it while the weights are read (resolve_device)
-    memory = estimate_memory(dirs["target"], dirs["draft"], dtype, max_tokens, prompt_tokens=prompt_tokens,
+    memory = estimate_memory(dirs["target"], dirs.get("draft"), dtype, max_tokens, prompt_tokens=prompt_tokens,
                              draft_tokens=draft_tokens, ranges=ranges)
     check_memory(memory, memory_budget, device)
     load_start = time.perf_counter()
-    target, draft = load_models(
-        [ModelFiles(dirs[role], role, verified_digests(verified_files, roles[role]), ranges) for role in ("target", "draft")],
+    target, *drafts = load_models(
+        [ModelFiles(dirs[role], role, verified_digests(verified_files, roles[role]), ranges) for role in model_roles(roles, params)],
         dtype, device, compact=True,
     )
-    target, draft = runtime_target(target), runtime_draft(draft, checked)
+    target, draft = runtime_target(target), (runtime_draft(drafts[0], checked) if drafts else None)
     threads = thread_count(params)
     sys.modules["torch"].set_num_threads(threads)  # the pod's CPUs (runner.checks.cpus), not the node's
     if torch_later:  # after the estimate: the predicted peak counts the import as load_models measured it

@@ -200,7 +200,7 @@ def _tokenizer_files(store: Store, mk: ModelKit, hashes: Mapping[str, str]) -> t
     reference = {posixpath.relpath(p, roots["tokenizer"]): h for p, h in hashes.items() if p.startswith(roots["tokenizer"] + "/")}
     compared = 0
     differing: list[str] = []
-    for role in MODEL_ROLES:
+    for role in (r for r in MODEL_ROLES if r in roots):  # a bundle for draft-free speculation has no draft
         for path, digest in hashes.items():
             if not path.startswith(roots[role] + "/"):
                 continue

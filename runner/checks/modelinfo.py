@@ -272,7 +272,7 @@ def rss_bytes() -> int:
 
 
 def estimate_memory(
-    target_dir: Path, draft_dir: Path, dtype: str, max_tokens: int, *, prompt_tokens: int | None = None, draft_tokens: int = 5,
+    target_dir: Path, draft_dir: Path | None, dtype: str, max_tokens: int, *, prompt_tokens: int | None = None, draft_tokens: int = 5,
     ranges: Ranges | None = None,
 ) -> dict:
     """Memory to run the pair in `dtype` for `max_tokens` positions, from config.json and safetensors headers
@@ -284,16 +284,17 @@ def estimate_memory(
     """
     element = DTYPE_BYTES[check_dtype(dtype)]
     prompt_tokens = max_tokens if prompt_tokens is None else prompt_tokens
-    configs = {"target": read_config(target_dir), "draft": read_config(draft_dir)}
-    params, activations, loader = {}, 0, 0
-    for role, directory in (("target", target_dir), ("draft", draft_dir)):
+    models = {"target": target_dir, **({"draft": draft_dir} if draft_dir is not None else {})}  # no draft: draft-free speculation
+    configs = {role: read_config(directory) for role, directory in models.items()}
+    params, activations, loader = {"draft": 0}, 0, 0
+    for role, directory in models.items():
         config = configs[role]
         from_config = config_parameters(config) if all(config.get(k) for k in REQUIRED_INT_FIELDS) else 0
         params[role] = max(count_parameters(directory, ranges), from_config)
         activations = max(activations, _activation_bytes(config, element, prompt_tokens, draft_tokens + 1))
         loader += _loader_bytes(directory, element, ranges)  # both models' files are read before either is converted
     weights = (params["target"] + params["draft"]) * element
-    kv = max_tokens * (_kv_bytes_per_token(configs["target"], element) + _kv_bytes_per_token(configs["draft"], element))
+    kv = max_tokens * sum(_kv_bytes_per_token(config, element) for config in configs.values())
     total = weights + kv + activations + loader
     return {
         "weights_bytes": weights,

@@ -4,7 +4,7 @@ caches with it before torch is imported."""
 
 from __future__ import annotations
 
-__all__ = ["ALL_METHODS", "DecodingSettings", "cache_tokens", "default_methods", "draft_length", "thread_count"]
+__all__ = ["ALL_METHODS", "DRAFT_FREE_METHODS", "DecodingSettings", "cache_tokens", "default_methods", "draft_length", "thread_count"]
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass

@@ -1,0 +1,63 @@
+"""A bundle without a draft model (target + tokenizer) that asks for draft-free speculation (methods: [ngram]):
+packed, verified and run, greedy output identical to the target alone; without that ask it is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import run_bundle, tree_digest
+from runner.decoding.speculative import generate_plain
+from runner.models.lean_tokenizer import load_tokenizer
+from runner.models.loading import load_model
+from runner.pair import prompt_ids
+from tests.tinymodels import make_pair
+
+PROMPT = "one two three four one two three four one two"
+REF = "tiny-spec:1"
+
+
+def draftless(root: Path, speculative: str) -> Path:
+    make_pair(root)
+    shutil.rmtree(root / "draft")
+    kitfile = root / "Kitfile"
+    text = kitfile.read_text().replace("    - {name: draft, path: draft/, type: draft}\n", "")
+    kitfile.write_text(text.replace("speculative: {draft_tokens: 4, min_acceptance: 0.0}", f"speculative: {speculative}"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("draftless")
+    ctx = draftless(base / "ctx", "{methods: [ngram], ngram: {min_n: 1, max_n: 3, draft_tokens: 4}}")
+    result = run_bundle("pack", str(ctx), "-t", REF, "--key", str(keypair[0]), "--store", str(base / "store"), check=True)
+    assert "no draft" in result.out
+    return {"ctx": ctx, "store": base / "store"}
+
+
+def test_a_draftless_bundle_verifies(signed: dict[str, Path], keypair: tuple[Path, Path]) -> None:
+    result = run_bundle("verify", REF, "--key", str(keypair[1]), "--store", str(signed["store"]), "--json", check=True)
+    assert json.loads(result.out)["ok"] is True
+
+
+def test_a_draftless_bundle_runs_to_the_target_alones_greedy_output(signed: dict[str, Path], keypair: tuple[Path, Path]) -> None:
+    result = run_bundle("run", REF, "--prompt", PROMPT, "--max-new-tokens", "24", "--key", str(keypair[1]),
+                        "--store", str(signed["store"]), "--json", check=True)
+    out = json.loads(result.out)
+    target = load_model(signed["ctx"] / "target", "float32", "cpu", role="target")
+    ids = prompt_ids(load_tokenizer(signed["ctx"] / "tokenizer"), PROMPT, False)
+    assert out["tokens"] == generate_plain(target, ids, 24).tokens
+
+
+@pytest.mark.parametrize("speculative", ["{draft_tokens: 4}", "{methods: [ngram, draft]}", "{methods: [draft]}"])
+def test_a_bundle_without_a_draft_that_does_not_ask_for_draft_free_speculation_is_refused(tmp_path: Path, speculative: str) -> None:
+    ctx = draftless(tmp_path / "ctx", speculative)
+    store = tmp_path / "store"
+    store.mkdir()
+    before = tree_digest(store)
+    result = run_bundle("pack", str(ctx), "-t", REF, "--store", str(store))
+    assert result.code == 6 and result.err.startswith("error: [invalid-kitfile] ") and "draft" in result.err
+    assert tree_digest(store) == before
