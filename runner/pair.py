@@ -9,11 +9,17 @@ __all__ = ["LoadedPair", "TextStream", "gguf_dirs", "prompt_ids"]
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.checks.gguf_model import bundle_format
 from runner.decoding.settings import DecodingSettings
 from runner.models import chat_template
+
+if TYPE_CHECKING:
+    import torch
+
+    from runner.decoding.run_history import RunHistory
+    from runner.engines import Engine
 
 
 def gguf_dirs(root: Path, roles: Mapping[str, str]) -> dict[str, Path] | None:
@@ -65,9 +71,9 @@ def forward_path(model) -> str:
 class LoadedPair:
     """A checked, loaded pair, ready to generate: what `load_pair` returns and `generate` takes."""
 
-    tokenizer: Any
-    target: Any
-    draft: Any
+    tokenizer: Any  # transformers', ours (runner.models.lean_tokenizer) or a GGUF file's (runner.gguf_run)
+    target: Engine | torch.nn.Module  # a llama.cpp engine, or a torch model the torch engine wraps (runner.engines.as_engine)
+    draft: Engine | torch.nn.Module | None  # None: a pair without a draft model (draft-free methods only)
     params: Mapping
     fingerprint: str
     eos_ids: set[int]
@@ -81,7 +87,7 @@ class LoadedPair:
     load_s: float = 0.0
     engine: str = "torch"
     extra: dict = field(default_factory=dict)
-    history: Any = None  # runner.decoding.run_history.RunHistory: whether the draft paid in this bundle's last runs here
+    history: RunHistory | None = None  # whether the draft paid in this bundle's last runs on this machine
 
     @property
     def settings(self) -> DecodingSettings:
@@ -111,4 +117,4 @@ class LoadedPair:
         """Which forward each model runs through."""
         if "forward" in self.extra:
             return dict(self.extra["forward"])
-        return {"target": forward_path(self.target), "draft": forward_path(self.draft)}
+        return {"target": forward_path(self.target), "draft": forward_path(self.draft) if self.draft is not None else None}

@@ -114,6 +114,20 @@ def test_batched_greedy_equals_single_request_greedy_in_a_batch_of_8(pair, specu
         assert drafted and 0 < accepted < drafted  # both verify outcomes ran in the batch
 
 
+@pytest.mark.parametrize("methods", [("ngram",), ("ngram+draft",)])
+def test_batched_ngram_proposals_keep_each_request_its_single_request_greedy(pair, methods: tuple[str, ...]) -> None:
+    """Prompt lookup in the one step, in a batch of 8: "ngram" with no draft model, "ngram+draft" with one (the
+    draft catching up on accepted n-gram tokens); each answer is its single-request greedy answer."""
+    target, draft = pair
+    prompts = [p + p[:3] for p in PROMPTS]  # each prompt's start repeated: the n-gram index matches from the first step
+    generator = BatchedGenerator(target, draft if "draft" in methods[0] else None, sequences=8, n_ctx_seq=N_CTX,
+                                 draft_tokens=3, guard=False, methods=methods)
+    seqs = generator.run([{"prompt_ids": p, "max_new_tokens": 24} for p in prompts])
+    for prompt, s in zip(prompts, seqs):
+        assert _equal_up_to_ties(target, prompt, s.tokens, 24), prompt
+    assert sum(s.stats.by_method.get("ngram", [0, 0])[1] for s in seqs) > 0
+
+
 def test_requests_join_and_leave_mid_batch_and_their_ids_are_reused(pair) -> None:
     target, draft = pair
     generator = BatchedGenerator(target, draft, sequences=3, n_ctx_seq=N_CTX, draft_tokens=2, guard=False)

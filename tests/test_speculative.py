@@ -335,3 +335,115 @@ def test_draft_confidence_stops_drafts_early_and_output_stays_the_targets(target
     seeded = lambda c: generate_speculative(target, draft, prompts(1)[0], 20, temperature=0.8, seed=3,  # noqa: E731
                                             draft_confidence=c).tokens
     assert seeded(0.5) == seeded(0.5)
+
+
+REPEATING = torch.tensor([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7])  # an n-gram of it matches from the first step
+
+
+def test_ngram_proposals_need_no_draft_model_and_greedy_output_is_the_targets(target, drafts):
+    for prompt in [REPEATING, *prompts(3)]:
+        expected = generate_plain(target, prompt, 40).tokens
+        alone = generate_speculative(target, None, prompt, 40, methods=("ngram",), guard=False)
+        assert alone.tokens == expected, prompt.tolist()
+        both = generate_speculative(target, drafts["layer-skip"], prompt, 40, draft_tokens=3, methods=("ngram+draft",), guard=False)
+        assert both.tokens == expected, prompt.tolist()
+        assert set(both.stats.by_method) <= {"draft", "ngram"}
+    stats = generate_speculative(target, None, REPEATING, 40, methods=("ngram",), guard=False).stats
+    assert stats.by_method["ngram"][1] > 0 and stats.draft_passes == 0  # proposed by lookup alone
+
+
+def test_a_draft_model_catches_up_on_accepted_ngram_tokens(target, drafts):
+    """n-gram first, the draft model where no n-gram matches: the draft's cache skips what the lookup proposed, so
+    its next pass runs the accepted tokens first; the output stays the target's with both kinds of iteration."""
+    prompt = torch.cat([REPEATING, torch.tensor([40, 41, 42])])
+    expected = generate_plain(target, prompt, 48).tokens
+    result = generate_speculative(target, drafts["layer-skip"], prompt, 48, draft_tokens=2, methods=("ngram+draft",), guard=False)
+    assert result.tokens == expected
+    assert result.stats.by_method.get("draft", [0])[0] and result.stats.by_method.get("ngram", [0])[0]
+
+
+def test_a_deterministic_proposal_is_accepted_with_p_and_otherwise_resampled_from_p_without_it():
+    """An n-gram's token x verified with a one-hot q: accepted with probability p(x); the first token still
+    follows p_1 exactly, and after a rejection it is never x. 20000 trials, 0.02 total variation."""
+    from runner.decoding.sampling import one_hot
+
+    torch.manual_seed(0)
+    vocab, trials = 8, 20000
+    logits = torch.randn(3, vocab) * 1.5
+    sampler = Sampler(1.0, 1.0, seed=5, device=torch.device("cpu"), vocab_size=vocab)
+    p = sampler.probs(logits)
+    proposal = [int(p[0].argmax()), int(p[1].argmin())]
+    q = one_hot(proposal, vocab, torch.device("cpu"))
+    first, accepted, rejected_as_x = torch.zeros(vocab), 0, 0
+    for _ in range(trials):
+        n, _next, new = verify_sampled(logits, torch.tensor(proposal), q, sampler)
+        first[new[0]] += 1
+        accepted += n >= 1
+        rejected_as_x += n == 0 and new[0] == proposal[0]
+    assert total_variation(first, p[0]) < 0.02
+    assert abs(accepted / trials - float(p[0, proposal[0]])) < 0.02 and rejected_as_x == 0
+
+
+def test_sampled_tokens_follow_the_target_distribution_with_ngram_proposals():
+    """1500 seeded runs of a prompt whose n-grams match at once, 3 tokens each: the tokens verified against
+    n-gram proposals follow the target's own marginals within 0.08 total variation, and proposals were
+    both accepted and rejected."""
+    vocab, runs = 16, 1500
+    target = tiny_llama(vocab, seed=0, hidden=16, layers=1, heads=2, kv_heads=1, init_std=0.3)
+    prompt = torch.tensor([3, 5, 3, 5, 3])
+    counts, drafted, accepted = torch.zeros(2, vocab), 0, 0
+    for seed in range(runs):
+        result = generate_speculative(target, None, prompt, 3, methods=("ngram",), guard=False, temperature=1.0, seed=seed)
+        for position, token in enumerate(result.tokens[:2]):
+            counts[position, token] += 1
+        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    with torch.no_grad():
+        p1 = torch.softmax(target(prompt[None]).logits[0, -1], -1)
+        seqs1 = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
+        p2 = (p1[:, None] * torch.softmax(target(seqs1).logits[:, -1], -1)).sum(0)
+    assert 0 < accepted < drafted
+    for position, exact in enumerate((p1, p2)):
+        assert total_variation(counts[position], exact) < 0.08, position
+
+
+def test_a_steps_plan_is_a_value_saying_who_proposes_what():
+    from runner.decoding.ngram import NgramProposer
+    from runner.decoding.step import Plan, SequenceState, Step
+
+    sampler = Sampler(0.0, 1.0, None, torch.device("cpu"), vocab_size=V)
+    proposer = NgramProposer(2, 3)
+    proposer.extend([5, 6, 7, 8, 5, 6])
+    step = Step(None, None, adaptive=True, draft_confidence=0.0, eos=set(), ngram_tokens=3)
+    looked_up = SequenceState(seq=2, sampler=sampler, max_new_tokens=10, k=2, max_k=4, methods=("ngram",), proposer=proposer)
+    assert step.plan(looked_up) == Plan(2, "ngram", 3, (7, 8, 5))
+    assert step.plan(SequenceState(seq=2, sampler=sampler, max_new_tokens=10, k=2, max_k=4)) == Plan(2)  # no method: plain
+    proposer.extend([1, 2])  # (1, 2) never occurred before: no match, a plain step
+    assert step.plan(looked_up) == Plan(2)
+
+
+def test_the_guard_chooses_among_the_allowed_methods_by_measured_acceptance_and_cost():
+    """Clock-free costs (a draft step 0.3 target steps, a verify pass one): each kind is tried first; then a
+    draft model that is rarely right loses to prompt lookup, and one that is mostly right wins where the
+    lookup seldom matches. A pair without a draft model can run the lookup alone."""
+    from runner.decoding.guard import TRY_EACH, Guard
+    from runner.decoding.stats import Stats
+    from runner.decoding.step import allowed_methods
+
+    def guard(draft_accepts: int, ngram_accepts: int, matches: float) -> Guard:
+        stats = Stats()
+        g = Guard(stats, 8, 0.0, costs=(0.3, 1.0))
+        assert g.method(("draft", "ngram")) == "draft"  # untried: the first allowed
+        for kind, accepts in (("draft", draft_accepts), ("ngram", ngram_accepts)):
+            for _ in range(TRY_EACH + 2):
+                stats.record_iteration(4, accepts, 0.0, 0.0, catch_up=False, method=kind)
+                g.observe(4, accepts, 0.0, 10, kind)
+        for i in range(20):
+            g.looked_up(i % 10 < 10 * matches)
+        return g
+
+    everything = ("ngram+draft", "draft", "ngram")
+    assert guard(draft_accepts=0, ngram_accepts=4, matches=0.5).method(everything) == "ngram"
+    assert guard(draft_accepts=4, ngram_accepts=4, matches=0.5).method(everything) == "ngram+draft"
+    assert guard(draft_accepts=3, ngram_accepts=0, matches=0.9).method(("draft", "ngram")) == "draft"
+    assert allowed_methods(everything, has_draft=False) == ("ngram",)
+    assert allowed_methods(("draft",), has_draft=False) == ()

@@ -34,7 +34,6 @@ from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TO
 from runner.decoding.prompt_cache import CacheEntry, PromptCache
 from runner.decoding.sampling import Sampler
 from runner.decoding.settings import cache_tokens
-from runner.decoding.speculative import lookahead
 from runner.decoding.step import SequenceState, Step, allowed_methods
 from runner.engines import BatchContext, as_engine
 from runner.engines.cells import Row
@@ -100,7 +99,6 @@ class BatchedGenerator:
         self.costs = parameter_costs(target, draft)
         self.draft_tokens, self.min_acceptance, self.use_guard = max(draft_tokens, 1), min_acceptance, guard
         self.methods, self.ngram = allowed_methods(methods, draft is not None), (ngram_min, ngram_max)
-        self.lookahead = lookahead(self.draft_tokens, self.methods, ngram_tokens)
         self.stepper = Step(self.target, self.draft, adaptive=adaptive, draft_confidence=draft_confidence,
                             eos=set(eos_ids), ngram_tokens=ngram_tokens)
         self.slots: list[Sequence | None] = [None] * sequences
@@ -123,7 +121,7 @@ class BatchedGenerator:
         """A generation joins at the next step (its prompt is prefilled in chunks among the others' tokens)."""
         if not prompt_ids:
             raise ValueError("the prompt has no tokens")
-        room = cache_tokens(len(prompt_ids), max_new_tokens, self.lookahead)
+        room = cache_tokens(len(prompt_ids), max_new_tokens, self.draft_tokens)
         if room > self.target.n_ctx_seq:
             raise ValueError(f"{room} tokens exceed a sequence's context ({self.target.n_ctx_seq})")
         seq = self._seat(prompt_ids)

@@ -10,7 +10,7 @@ token for token; sampled output follows the target's distribution exactly (runne
 
 from __future__ import annotations
 
-__all__ = ["GenerationResult", "generate_plain", "generate_speculative", "lookahead"]
+__all__ = ["GenerationResult", "generate_plain", "generate_speculative"]
 
 import time
 from collections.abc import Callable, Iterable
@@ -93,14 +93,6 @@ def generate_plain(
     return GenerationResult(tokens, stats)
 
 
-def lookahead(draft_tokens: int, methods: tuple[str, ...], ngram_tokens: int) -> int:
-    """The draft length caches are sized for (runner.decoding.settings.cache_tokens gives 2x + 1 positions past
-    the text): the draft model's, or enough for an n-gram proposal of ngram_tokens."""
-    if any(m != "draft" for m in methods):
-        return max(draft_tokens, (ngram_tokens + 1) // 2)
-    return draft_tokens
-
-
 @torch.inference_mode()
 def generate_speculative(
     target,
@@ -156,7 +148,7 @@ def generate_speculative(
     step = Step(EngineRows(target), EngineRows(draft) if draft is not None else None, adaptive=adaptive,
                 draft_confidence=draft_confidence, eos=set(eos_ids), ngram_tokens=ngram_tokens)
     start = time.perf_counter()
-    room = cache_tokens(len(ids), max_new_tokens, lookahead(draft_tokens, methods, ngram_tokens))
+    room = cache_tokens(len(ids), max_new_tokens, draft_tokens)
     for engine in engines:
         engine.reset(room)
     s.last = int(_prefill(target, ids, stats))

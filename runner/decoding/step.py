@@ -146,7 +146,8 @@ class Step:
     """The step over a target context and a draft model's (None: no draft model), for the sequences given.
 
     adaptive: the draft model's length follows acceptance; draft_confidence: its drafting stops once its own
-    probability of the whole proposal falls below this; ngram_tokens: the longest n-gram proposal."""
+    probability of the whole proposal falls below this; ngram_tokens: the longest n-gram proposal (at most
+    2 * draft_tokens, the look-ahead the caches are sized for: runner.decoding.settings.cache_tokens)."""
 
     def __init__(self, target: BatchContext | EngineRows, draft: BatchContext | EngineRows | None, *, adaptive: bool,
                  draft_confidence: float, eos: set[int], ngram_tokens: int) -> None:
@@ -158,7 +159,7 @@ class Step:
         if not s.methods or (s.guard is not None and not s.guard.drafting(len(s.tokens))):
             return Plan(s.seq)
         remaining = s.max_new_tokens - len(s.tokens) - 1
-        cap = s.guard.k_cap if s.guard is not None else s.k
+        cap = s.guard.k_cap if s.guard is not None else s.max_k  # the caches have room for max_k + 1 at once
         method = s.guard.method(s.methods) if s.guard is not None else s.methods[0]
         if method != "draft" and s.proposer is not None:
             proposal = s.proposer.propose(min(self.ngram_tokens, cap, remaining))
