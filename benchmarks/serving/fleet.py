@@ -1,4 +1,4 @@
-"""A fleet through haproxy against one replica alone, in one command: pods run exactly as deploy/kubernetes says
+"""A fleet through haproxy against one replica alone (mode `fleet`): pods run exactly as deploy/kubernetes says
 (tests/fleet.py reads the commands from the YAML), the bundle pulled by each pod's init container from a real
 docker-registry on loopback.
 
@@ -9,17 +9,14 @@ docker-registry on loopback.
 
 Reported: aggregate throughput (completion tokens and requests per second of wall time), p50/p99 latency, the
 ratios fleet/baseline, with the CPU named. On one machine the replicas share its cores: the ratio says what the
-load balancer and the extra processes cost or gain there, not what three nodes would give.
-
-    python benchmarks/fleet.py                       # the demo bundle (after `make demo`)
-    python benchmarks/fleet.py --tiny                # the tiny test pair, built here (quick)
+load balancer and the extra processes cost or gain there, not what three nodes would give. `--tiny`: the tiny
+test pair, built here (quick), instead of the demo bundle.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import signal
 import statistics
 import sys
@@ -32,27 +29,15 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from serving.common import ROOT, TORCH_REF, add_bundle_options, machine, read_prompt_set
+
+sys.path.insert(0, str(ROOT / "tests"))  # the registry, the pods and haproxy of the fleet test
 
 from registry_server import running_registry  # noqa: E402
 from tests.fleet import Manifests, Pod, free_port, pod_volumes, start_haproxy, stopping  # noqa: E402
 
 API_KEY = "bench-key"
 CLIENTS = 8
-PROMPTS = ["Write a haiku about the sea.", "What is speculative decoding?", "List three prime numbers.",
-           "Explain a load balancer in one sentence.", "Name a colour of the sky.", "Why is the grass green?",
-           "Count from one to five.", "Say hello in French."]
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            flags = Path("/proc/cpuinfo").read_text()
-            extra = ", ".join(f for f in ("avx512_bf16", "amx_tile") if f in flags)
-            return f"{line.split(':', 1)[1].strip()} ({extra or 'no avx512_bf16/amx'})"
-    return platform.processor()
 
 
 def _publish(args: argparse.Namespace, work: Path, registry_host: str) -> tuple[str, Path]:
@@ -92,8 +77,8 @@ def _pods(work: Path, names: list[str], ref: str, keys: Path, manifests: Manifes
     return pods
 
 
-def _request(url: str, i: int, max_tokens: int) -> dict[str, Any]:
-    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0}
+def _request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     start = time.perf_counter()
     try:
         r = httpx.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=600)
@@ -105,13 +90,13 @@ def _request(url: str, i: int, max_tokens: int) -> dict[str, Any]:
     return {"seen": seen, "tokens": tokens, "latency_s": time.perf_counter() - start, "detail": detail}
 
 
-def _load(url: str, requests: int, max_tokens: int, on_progress: Any = None) -> dict[str, Any]:
+def _load(url: str, prompts: list[str], requests: int, max_tokens: int, on_progress: Any = None) -> dict[str, Any]:
     """`requests` completions from CLIENTS concurrent clients; throughput over the wall time, latency percentiles."""
     done: list[dict[str, Any]] = []
     lock = threading.Lock()
 
     def one(i: int) -> None:
-        result = _request(url, i, max_tokens)
+        result = _request(url, prompts[i % len(prompts)], max_tokens)
         with lock:
             done.append(result)
             if len(done) % CLIENTS == 0:
@@ -151,67 +136,65 @@ def _peak_rss_mib(pod: Pod) -> float | None:
     return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_bundle_options(parser, TORCH_REF)
     parser.add_argument("--tiny", action="store_true", help="the tiny test pair instead of the demo bundle")
-    parser.add_argument("--ref", default="smollm2-spec:1.0.0")
-    parser.add_argument("--store", default=str(ROOT / "demo" / "work" / "store"))
-    parser.add_argument("--key", default=str(ROOT / "demo" / "work" / "keys" / "bundle.pub"))
     parser.add_argument("--requests", type=int, default=48, help="requests per phase")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--out", help="write the JSON result here too")
-    args = parser.parse_args()
 
+
+def _one_replica(args: argparse.Namespace, work: Path, ref: str, keys: Path, manifests: Manifests, prompts: list[str]) -> dict:
+    """The baseline: one replica, the clients straight to it (after a warm-up of one request per client)."""
+    (solo,) = _pods(work / "solo", ["solo"], ref, keys, manifests)
+    with stopping(solo):
+        assert solo.start(), solo.init_results[-1].stderr
+        solo.wait_ready(600)
+        _load(solo.url, prompts, CLIENTS, args.max_tokens)
+        return _load(solo.url, prompts, args.requests, args.max_tokens)
+
+
+def _fleet(args: argparse.Namespace, work: Path, ref: str, keys: Path, manifests: Manifests, prompts: list[str]) -> dict:
+    """Three replicas behind haproxy; then the same with one killed (SIGKILL) a third of the way through."""
+    result: dict[str, Any] = {}
+    pods = _pods(work / "fleet", ["r0", "r1", "r2"], ref, keys, manifests)
+    lb = start_haproxy(work, manifests, {p.name: p.port for p in pods})
+    with stopping(lb, *pods):
+        for pod in pods:
+            assert pod.start(), pod.init_results[-1].stderr
+        for pod in pods:
+            pod.wait_ready(600)
+        lb.wait_up({"r0", "r1", "r2"}, timeout=120)
+        _load(lb.url, prompts, CLIENTS, args.max_tokens)  # warm-up
+        result["fleet_three_replicas"] = _load(lb.url, prompts, args.requests, args.max_tokens)
+        print("fleet:", json.dumps(result["fleet_three_replicas"]), file=sys.stderr)
+        victim, killed = pods[1], {}
+
+        def kill_at_a_third(n: int) -> None:
+            if n == args.requests // 3 and not killed:
+                killed["in_flight"] = int(lb.stats()[victim.name]["scur"])  # requests on it as it dies
+                killed["at_request"] = n
+                victim.proc.send_signal(signal.SIGKILL)
+
+        result["replica_peak_rss_mib"] = {p.name: _peak_rss_mib(p) for p in pods}  # sizes the pods' memory
+        died = result["fleet_one_killed"] = _load(lb.url, prompts, args.requests, args.max_tokens, on_progress=kill_at_a_third)
+        died["killed"] = {"replica": victim.name, **killed,
+                          "lost_beyond_in_flight": max(0, died["failed"] - killed.get("in_flight", 0))}
+        print("one killed:", json.dumps(died), file=sys.stderr)
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    prompts = read_prompt_set(args.prompts)
     manifests = Manifests.load()
-    result: dict[str, Any] = {"cpu": _cpu(), "clients": CLIENTS, "requests_per_phase": args.requests, "max_tokens": args.max_tokens,
-                              "bundle": "tiny test pair" if args.tiny else args.ref}
+    result: dict[str, Any] = {**machine(), "clients": CLIENTS, "requests_per_phase": args.requests, "max_tokens": args.max_tokens,
+                              "prompts": args.prompts, "bundle": "tiny test pair" if args.tiny else args.ref}
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp, running_registry() as registry:
         work = Path(tmp)
         ref, keys = _publish(args, work, registry.host)
-
-        # Baseline: one replica, clients straight to it.
-        (solo,) = _pods(work / "solo", ["solo"], ref, keys, manifests)
-        with stopping(solo):
-            assert solo.start(), solo.init_results[-1].stderr
-            solo.wait_ready(600)
-            _load(solo.url, CLIENTS, args.max_tokens)  # warm-up
-            result["baseline_one_replica"] = _load(solo.url, args.requests, args.max_tokens)
+        result["baseline_one_replica"] = _one_replica(args, work, ref, keys, manifests, prompts)
         print("baseline:", json.dumps(result["baseline_one_replica"]), file=sys.stderr)
-
-        # The fleet: three replicas behind haproxy; then the same with one killed a third of the way through.
-        pods = _pods(work / "fleet", ["r0", "r1", "r2"], ref, keys, manifests)
-        lb = start_haproxy(work, manifests, {p.name: p.port for p in pods})
-        with stopping(lb, *pods):
-            for pod in pods:
-                assert pod.start(), pod.init_results[-1].stderr
-            for pod in pods:
-                pod.wait_ready(600)
-            lb.wait_up({"r0", "r1", "r2"}, timeout=120)
-            _load(lb.url, CLIENTS, args.max_tokens)  # warm-up
-            result["fleet_three_replicas"] = _load(lb.url, args.requests, args.max_tokens)
-            print("fleet:", json.dumps(result["fleet_three_replicas"]), file=sys.stderr)
-
-            victim, killed = pods[1], {}
-
-            def kill_at_a_third(n: int) -> None:
-                if n == args.requests // 3 and not killed:
-                    killed["in_flight"] = int(lb.stats()[victim.name]["scur"])  # requests on it as it dies
-                    killed["at_request"] = n
-                    victim.proc.send_signal(signal.SIGKILL)
-
-            result["replica_peak_rss_mib"] = {p.name: _peak_rss_mib(p) for p in pods}  # sizes the pods' memory
-            result["fleet_one_killed"] = _load(lb.url, args.requests, args.max_tokens, on_progress=kill_at_a_third)
-            result["fleet_one_killed"]["killed"] = {"replica": victim.name, **killed,
-                                                     "lost_beyond_in_flight": max(0, result["fleet_one_killed"]["failed"] - killed.get("in_flight", 0))}
-            print("one killed:", json.dumps(result["fleet_one_killed"]), file=sys.stderr)
+        result.update(_fleet(args, work, ref, keys, manifests, prompts))
     base, fleet = result["baseline_one_replica"], result["fleet_three_replicas"]
     result["fleet_vs_one_throughput"] = round(fleet["tokens_per_second"] / base["tokens_per_second"], 3)
     result["fleet_vs_one_p99"] = round(fleet["p99_latency_s"] / base["p99_latency_s"], 3)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return result

@@ -1,0 +1,178 @@
+"""What the serving benchmark's modes share: the bundle and prompt options, a server process on loopback,
+one streamed request, percentiles, and the JSON result."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GGUF_REF = "smollm2-spec-gguf:1.0.0"  # the GGUF demo bundle (`make demo`)
+TORCH_REF = "smollm2-spec:1.0.0"  # the safetensors demo bundle
+
+
+def add_bundle_options(parser: argparse.ArgumentParser, ref: str = GGUF_REF) -> None:
+    """--ref, --store, --key (the demo's by default) and --prompts."""
+    parser.add_argument("--ref", default=ref)
+    parser.add_argument("--store", default=str(ROOT / "demo" / "work" / "store"))
+    parser.add_argument("--key", default=str(ROOT / "demo" / "work" / "keys" / "bundle.pub"))
+    add_prompt_option(parser)
+
+
+def add_prompt_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", default="open",
+                        help="a prompt set by name (open, grounded: runner/bench) or a file (JSON lines with \"prompt\", "
+                             "or one prompt a line)")
+
+
+def read_prompt_set(spec: str) -> list[str]:
+    """The prompts of a shipped set by name, as `bundle bench` reads them (runner.bench.prompt_sets), or of a file."""
+    try:
+        from runner.bench.prompt_sets import read_prompts
+    except ImportError:  # a tree without named sets: the open set is the held-out prompts file
+        path = ROOT / "runner" / "bench" / "prompts.jsonl" if spec == "open" else Path(spec)
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        return [json.loads(line)["prompt"] if line.lstrip().startswith("{") else line.strip() for line in lines]
+    from core.errors import BundleError
+
+    try:
+        return [p.text for p in read_prompts(spec)]
+    except BundleError as err:
+        raise SystemExit(err.line()) from None
+
+
+def trusted_keys(key: str) -> dict[str, Any]:
+    """key id -> public key, for the one key file the bundle is signed with."""
+    from bundler.trust.keys import key_id, load_public_key
+
+    public = load_public_key(Path(key))
+    return {key_id(public): public}
+
+
+@contextlib.contextmanager
+def gguf_files(ref: str, store: str, key: str) -> Iterator[tuple[dict[str, Path | None], int]]:
+    """The bundle's target and draft GGUF files (None where a role has none) in its verified checkout, and the
+    threads `bundle serve` gives llama.cpp; the checkout stays while the context is open."""
+    from bundler.store.layout import Store
+    from bundler.store.refs import parse_ref
+    from bundler.verbs.run import runner_args, verified_view
+    from runner.decoding.settings import thread_count
+
+    with verified_view(Store(Path(store)), parse_ref(ref), trusted_keys(key)) as checkout:
+        bundle_args = runner_args(checkout.report)
+        roles = bundle_args["roles"]
+        yield ({role: next((checkout.root / roles[role]).glob("*.gguf"), None) if role in roles else None
+                for role in ("target", "draft")}, thread_count(bundle_args["params"]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bundle_serve_argv(args: argparse.Namespace, port: int, extra: list[str]) -> list[str]:
+    """`bundle serve` of args.ref from args.store on 127.0.0.1:port, with the extra options."""
+    return [sys.executable, "-m", "bundler", "serve", args.ref, "--store", args.store, "--key", args.key,
+            "--port", str(port), "--max-queue", "64", *extra]
+
+
+class Process:
+    """A server process on 127.0.0.1, up once /health answers 200; stopped by its pid with SIGTERM."""
+
+    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{argv[0]} exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"{argv[0]} did not come up")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def stream(url: str, prompt: str, max_tokens: int, model: str = "m") -> dict:
+    """One streamed greedy chat completion (each server applies the model's chat template: the demo's instruct
+    model answers a raw question with its end token at once): time to first text, the gaps between pieces of
+    text per token, tokens in all, and the client's rate (tokens after the first over first to last piece)."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "model": model}
+    start = time.perf_counter()
+    pieces: list[float] = []
+    usage = None
+    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+                pieces.append(time.perf_counter())
+    tokens = int(usage["completion_tokens"]) if usage else len(pieces)
+    gaps = [b - a for a, b in zip(pieces, pieces[1:])]
+    # a piece may hold several tokens (accepted drafts, text held back at a stop string's start)
+    per_token = (tokens - 1) / len(gaps) if gaps else 1.0
+    span = pieces[-1] - pieces[0] if len(pieces) > 1 else 0.0
+    return {"ttft_s": (pieces[0] if pieces else time.perf_counter()) - start, "tokens": tokens,
+            "itl_s": [g / per_token for g in gaps], "client_tps": (tokens - 1) / span if span > 0 else None}
+
+
+def whole(url: str, prompt: str, max_tokens: int, model: str = "m") -> dict:
+    """One greedy chat completion answered whole: its JSON (with the server's `specbundle.stats`)."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, "model": model}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def machine() -> dict[str, Any]:
+    """The CPU (model, vector extensions, cores) and the load average at the end of the run."""
+    from runner.bench.machine import cpu_info
+
+    return {"cpu": cpu_info(), "load_average": os.getloadavg()}
+
+
+def emit(result: dict[str, Any], out: str | None) -> None:
+    """The result as JSON on stdout, and in `out` too when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")

@@ -1,0 +1,166 @@
+"""`bundle serve` under load against `llama-server` on the same GGUF files, threads and machine (mode `load`).
+
+- `llama-server` is llama.cpp's own, built from the source the installed llama-cpp-python vendors
+  (benchmarks/llamacpp_tools.py; opt-in: `--build`, cached in ~/.cache/specbundle/llama-server);
+- one client for all: streamed `/v1/chat/completions` over the prompt set, greedy, a fresh connection per
+  request, at 1, 4 and 8 concurrent clients;
+- per configuration: aggregate tokens/s (all completion tokens over the wall time), time to first token
+  p50/p99, inter-token latency p50/p99 (the gaps between streamed pieces of text, over the tokens in them);
+- servers (`--servers`): `bundle` (as shipped), `bundle-plain` (`--no-draft`: its own plain serving),
+  `bundle-1` (`--sequences 1`: one request at a time, what batching gains), `llama` (`llama-server -np N`),
+  `llama-draft` (with the draft, `--spec-type draft-simple`). A safetensors bundle runs the bundle servers only.
+
+All servers are started first and stay up, once per concurrency N (`llama-server -np N`, `bundle serve
+--sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same); they
+take turns of N x --requests-per-client requests, as many turns a round as give each server --min-requests, in
+an order that reverses at every turn (ABBA ABBA): short turns that alternate often share a drift of the
+machine's speed out evenly, where one long turn a server lets a swell favour the servers in the middle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from serving.common import (
+    Process, add_bundle_options, bundle_serve_argv, free_port, gguf_files, machine, percentile, read_prompt_set, stream,
+)
+
+RATIOS = (("bundle", "llama"), ("bundle", "bundle-plain"), ("bundle", "bundle-1"), ("llama-draft", "llama"))
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_bundle_options(parser)
+    parser.add_argument("--clients", default="1,4,8")
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--min-requests", type=int, default=16,
+                        help="requests each server answers in a round at every concurrency, at least (in turns of N x "
+                             "--requests-per-client)")
+    parser.add_argument("--warmup", type=int, default=4,
+                        help="whole requests each server answers before the rounds (a bundle server with no run history "
+                             "for this machine speculates in its first three and then knows whether the draft pays)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draft-max", type=int, default=4, help="llama-server's --spec-draft-n-max")
+    parser.add_argument("--servers", default="bundle,bundle-plain,llama,llama-draft")
+    parser.add_argument("--build", action="store_true", help="build llama-server if it is not cached")
+    parser.add_argument("--dtype", help="bundle serve's --dtype (a safetensors bundle; default: the bundle's)")
+
+
+def _starter(args: argparse.Namespace, binary: Path | None, files: dict[str, Path | None], threads: int):
+    """start(name, clients) -> the server `name` with room for `clients` at once."""
+    from llamacpp_tools import server_argv
+
+    def start(name: str, clients: int) -> Process:
+        port = free_port()
+        if name.startswith("bundle"):
+            extra = ["--sequences", str(1 if name == "bundle-1" else clients)]  # as llama-server's -np N
+            extra += (["--dtype", args.dtype] if args.dtype else []) + (["--no-draft"] if name == "bundle-plain" else [])
+            return Process(bundle_serve_argv(args, port, extra), port)
+        draft = name == "llama-draft"
+        return Process(server_argv(binary, files["target"], port, threads, slots=clients,
+                                   spec_type="draft-simple" if draft else None, draft=files["draft"] if draft else None,
+                                   draft_max=args.draft_max if draft else None), port)
+
+    return start
+
+
+def drive(url: str, prompts: list[str], clients: int, max_tokens: int) -> tuple[list[dict], float]:
+    """`clients` threads, each streaming its share of the prompts one after another: each request's result and
+    the turn's wall time."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda p: stream(url, p, max_tokens), prompts))
+    return results, time.perf_counter() - start
+
+
+def summarize(requests: list[dict], wall: float) -> dict:
+    """A server's turns of a round at one concurrency: aggregate tokens/s, TTFT and inter-token percentiles."""
+    ttft = [r["ttft_s"] for r in requests]
+    itl = [g for r in requests for g in r["itl_s"]]
+    tokens = sum(r["tokens"] for r in requests)
+    return {"requests": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_second": tokens / wall,
+            "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
+            "itl_p50_s": percentile(itl, 0.5), "itl_p99_s": percentile(itl, 0.99)}
+
+
+def _rounds(args: argparse.Namespace, procs: dict[tuple[str, int], Process], prompts: list[str], servers: list[str],
+            levels: list[int]) -> dict[str, dict[str, list[dict]]]:
+    """Every round at every concurrency, the servers taking turns: each server's summary per round."""
+    results: dict[str, dict[str, list[dict]]] = {s: {str(c): [] for c in levels} for s in servers}
+    offset = 0
+    for round_ in range(args.rounds):
+        for clients in levels:
+            size = clients * args.requests_per_client
+            turns = max(1, -(-args.min_requests // size))
+            answered: dict[str, list[dict]] = {name: [] for name in servers}
+            walls = dict.fromkeys(servers, 0.0)
+            for t in range(turns):  # the same prompts for every server in a turn, the next slice in the next
+                batch = [prompts[(offset + i) % len(prompts)] for i in range(size)]
+                offset += size
+                for name in (servers if (round_ * turns + t) % 2 == 0 else servers[::-1]):
+                    requests, wall = drive(procs[(name, clients)].url, batch, clients, args.max_tokens)
+                    answered[name] += requests
+                    walls[name] += wall
+            for name in servers:
+                result = summarize(answered[name], walls[name])
+                results[name][str(clients)].append(result)
+                print(json.dumps({"round": round_, "clients": clients, "server": name, "turns": turns,
+                                  **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}),
+                      file=sys.stderr, flush=True)
+    return results
+
+
+def _summary(results: dict[str, dict[str, list[dict]]], servers: list[str], clients: int) -> dict[str, Any]:
+    """One concurrency: each server's medians over the rounds, its tokens over its wall time in all rounds (they
+    took turns, so each ratio is of the same machine), and the ratios over the run and per round."""
+    per = {name: results[name][str(clients)] for name in servers}
+
+    def median(name: str, key: str) -> float | None:
+        values = [r[key] for r in per[name] if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    row = {name: {k: median(name, k) for k in ("tokens_per_second", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")}
+           for name in servers}
+    run = {name: sum(r["tokens"] for r in per[name]) / sum(r["wall_s"] for r in per[name]) for name in servers}
+    key = lambda a, b: f"{a.replace('-', '_')}_over_{b.replace('-', '_')}"  # noqa: E731
+    over_run = {key(a, b) + "_tps": run[a] / run[b] for a, b in RATIOS if a in run and b in run}
+    rounds = {key(a, b) + "_tps": [x["tokens_per_second"] / y["tokens_per_second"] for x, y in zip(per[a], per[b])]
+              for a, b in RATIOS if a in per and b in per}
+    if "bundle" in per and "llama" in per:
+        rounds["bundle_over_llama_ttft_p99"] = [x["ttft_p99_s"] / y["ttft_p99_s"] for x, y in zip(per["bundle"], per["llama"])]
+    return {"medians": row, "tokens_per_second_over_run": run, "ratios_over_run": over_run, "ratios_per_round": rounds}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from llamacpp_tools import tool
+
+    prompts = read_prompt_set(args.prompts)
+    levels = [int(c) for c in args.clients.split(",")]
+    servers = args.servers.split(",")
+    binary = tool("llama-server", build=args.build) if any(s.startswith("llama") for s in servers) else None
+    with gguf_files(args.ref, args.store, args.key) as (files, threads):
+        if binary and not all(files.values()):
+            raise SystemExit(f"{args.ref} is not a GGUF bundle with a draft: llama-server cannot serve it (--servers bundle,bundle-1)")
+        start = _starter(args, binary, files, threads)
+        procs: dict[tuple[str, int], Process] = {}
+        try:
+            for name in servers:
+                for clients in levels:
+                    procs[(name, clients)] = proc = start(name, clients)
+                    for i in range(args.warmup):  # the same for every server, from the end of the prompts
+                        stream(proc.url, prompts[-1 - i % len(prompts)], args.max_tokens)
+            results = _rounds(args, procs, prompts, servers, levels)
+        finally:
+            for proc in procs.values():
+                proc.stop()
+    return {**machine(), "threads": threads, "ref": args.ref, "dtype": args.dtype, "prompts": args.prompts,
+            "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
+            "min_requests": args.min_requests, "warmup": args.warmup, "llama_server": str(binary) if binary else None,
+            "summary": {str(c): _summary(results, servers, c) for c in levels}, "runs": results}
