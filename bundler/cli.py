@@ -135,17 +135,17 @@ def keygen(store: Store, out_dir: str) -> None:
 
 @main.command()
 @click.option("--target", "target_dir", required=True, type=click.Path(), help="The target model's directory as downloaded (config.json, *.safetensors, tokenizer files).")
-@click.option("--draft", "draft_dir", required=True, type=click.Path(), help="The draft model's directory as downloaded.")
+@click.option("--draft", "draft_dir", type=click.Path(), help="The draft model's directory as downloaded (none: a bundle for draft-free speculation, methods: [ngram]).")
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(), help="Where tokenizer.json (+ tokenizer_config.json ...) are (default: the target's directory).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(), help="The bundle context to write (must not exist, or be empty).")
 @click.option("--name", help="Package name (default: the target directory's name, lower-cased).")
 @click.option("--version", "version", help="Package version (default 1.0.0).")
 @command
-def init(store: Store, target_dir: str, draft_dir: str, tokenizer_dir: str | None, out_dir: str, name: str | None, version: str | None) -> None:
+def init(store: Store, target_dir: str, draft_dir: str | None, tokenizer_dir: str | None, out_dir: str, name: str | None, version: str | None) -> None:
     """Lay out a bundle context (target/, draft/, tokenizer/, Kitfile) from two model directories; refuse a pair `run` would refuse."""
     from bundler.verbs.init import init_context
 
-    result = init_context(Path(target_dir), Path(draft_dir), Path(out_dir), Path(tokenizer_dir) if tokenizer_dir else None, name, version)
+    result = init_context(Path(target_dir), Path(draft_dir) if draft_dir else None, Path(out_dir), Path(tokenizer_dir) if tokenizer_dir else None, name, version)
     params = result.kitfile.parameters
     click.echo(f"wrote {result.context}/Kitfile: {result.name} {result.version}, dtype {params.get('dtype', 'not set')}, "
                f"speculative {json.dumps(params['speculative'])}")
@@ -155,8 +155,11 @@ def init(store: Store, target_dir: str, draft_dir: str, tokenizer_dir: str | Non
     if result.skipped:
         click.echo(f"left out (hidden): {', '.join(result.skipped)}")
     p = result.pairing
-    click.echo(f"checked: tokenizer {result.fingerprint}; {p['target_family']} pair, "
-               f"{p['target_parameters']:,} / {p['draft_parameters']:,} parameters (ratio {p['size_ratio']:.1f})")
+    if p.get("size_ratio") is None:  # no draft: a context for draft-free speculation
+        click.echo(f"checked: tokenizer {result.fingerprint}; {p['target_family']} target, {p['target_parameters']:,} parameters, no draft")
+    else:
+        click.echo(f"checked: tokenizer {result.fingerprint}; {p['target_family']} pair, "
+                   f"{p['target_parameters']:,} / {p['draft_parameters']:,} parameters (ratio {p['size_ratio']:.1f})")
     click.echo(f"next: bundle pack {result.context} -t {result.name}:{result.version} --key keys/bundle.key"
                "   (a key: bundle keygen -o keys)")
 

@@ -61,3 +61,16 @@ def test_a_bundle_without_a_draft_that_does_not_ask_for_draft_free_speculation_i
     result = run_bundle("pack", str(ctx), "-t", REF, "--store", str(store))
     assert result.code == 6 and result.err.startswith("error: [invalid-kitfile] ") and "draft" in result.err
     assert tree_digest(store) == before
+
+
+def test_init_without_a_draft_lays_out_a_context_for_draft_free_speculation(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
+    pair = make_pair(tmp_path / "made")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (pair["tokenizer"] / name).is_file():
+            shutil.copyfile(pair["tokenizer"] / name, pair["target"] / name)
+    out = tmp_path / "ctx"
+    result = run_bundle("init", "--target", str(pair["target"]), "-o", str(out), "--name", "tiny-ngram", check=True)
+    assert "no draft" in result.out and not (out / "draft").exists()
+    kitfile = (out / "Kitfile").read_text()
+    assert "type: draft" not in kitfile and 'methods: ["ngram"]' in kitfile
+    run_bundle("pack", str(out), "-t", "tiny-ngram:1.0.0", "--key", str(keypair[0]), "--store", str(tmp_path / "store"), check=True)

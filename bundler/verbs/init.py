@@ -22,7 +22,7 @@ from typing import Any
 from bundler.format import boundedjson
 from bundler.trust.contentcheck import check_content
 from core.errors import BundleError
-from bundler.format.kitfile import Kitfile, load_kitfile, pickle_files
+from bundler.format.kitfile import DRAFT_FREE_METHODS, Kitfile, load_kitfile, pickle_files
 from bundler.format.layerread import TOKENIZER_FILES
 
 # The settings of the README's decoding benchmark (demo/Kitfile): what the measured speed-up used.
@@ -199,10 +199,13 @@ def config_dtype(config: dict[str, Any]) -> str | None:
     return value if value in DTYPES else None
 
 
-def kitfile_text(name: str, version: str, model_name: str, description: str, dtype: str | None, speculative: dict[str, Any]) -> str:
-    """The Kitfile of CONTRACT.md section 1 for a context laid out by init (JSON scalars are YAML)."""
+def kitfile_text(name: str, version: str, model_name: str, description: str, dtype: str | None, speculative: dict[str, Any],
+                 draft: bool = True) -> str:
+    """The Kitfile of CONTRACT.md section 1 for a context laid out by init (JSON scalars are YAML); without
+    a draft, the bundle asks for draft-free speculation."""
     spec = ", ".join(f"{k}: {json.dumps(v)}" for k, v in speculative.items())
     dtype_line = f"    dtype: {dtype}\n" if dtype else ""
+    draft_line = "    - {name: draft, path: draft/, type: draft}\n" if draft else ""
     return f"""manifestVersion: 1.0.0
 package:
   name: {name}
@@ -213,8 +216,7 @@ model:
   path: target/
   framework: transformers
   parts:
-    - {{name: draft, path: draft/, type: draft}}
-    - {{name: tokenizer, path: tokenizer/, type: tokenizer}}
+{draft_line}    - {{name: tokenizer, path: tokenizer/, type: tokenizer}}
   parameters:
 {dtype_line}    speculative: {{{spec}}}
 """
@@ -222,7 +224,7 @@ model:
 
 def init_context(
     target: Path,
-    draft: Path,
+    draft: Path | None,
     out: Path,
     tokenizer: Path | None = None,
     name: str | None = None,
@@ -230,10 +232,11 @@ def init_context(
 ) -> InitResult:
     """Lay out CONTEXT (target/, draft/, tokenizer/, Kitfile) from two downloaded model directories and check it.
 
-    The tokenizer files come from `tokenizer`, else from the target directory. Nothing is left at `out`
-    unless every check passes.
+    The tokenizer files come from `tokenizer`, else from the target directory. Without a draft the context
+    asks for draft-free speculation (methods: [ngram]). Nothing is left at `out` unless every check passes.
     """
-    target, draft = _source_dir(target, "--target"), _source_dir(draft, "--draft")
+    target = _source_dir(target, "--target")
+    draft = _source_dir(draft, "--draft") if draft is not None else None
     tok_source = _source_dir(tokenizer, "--tokenizer") if tokenizer is not None else target
     if out.name in ("", ".", ".."):  # `-o .`: the staging directory goes beside the real directory
         out = out.resolve()
@@ -249,7 +252,7 @@ def init_context(
         raise BundleError("usage", f"--name {name!r}: a package name is lower-case letters and digits, "
                           f"separated by single '.', '_' or '-'{hint}")
 
-    sources = {"target": _source_files(target), "draft": _source_files(draft)}
+    sources = {"target": _source_files(target), **({"draft": _source_files(draft)} if draft is not None else {})}
     for role, (files, _) in sources.items():
         found = pickle_files([rel for rel, _ in files])
         if found:  # refused before anything is linked or copied
@@ -262,20 +265,22 @@ def init_context(
                           "target's tokenizer.json (and tokenizer_config.json)")
 
     dtype = config_dtype(_read_config(target))
-    speculative = dict(DEFAULT_SPECULATIVE)
-    if (draft / DRAFT_VOCAB_FILE).is_file():  # the draft scores only these ids (runner/models/draft_vocab.py)
+    speculative = dict(DEFAULT_SPECULATIVE) if draft is not None else {"methods": list(DRAFT_FREE_METHODS)}
+    if draft is not None and (draft / DRAFT_VOCAB_FILE).is_file():  # the draft scores only these ids (runner/models/draft_vocab.py)
         speculative["draft_vocab"] = DRAFT_VOCAB_FILE
-    description = f"{_model_dir_name(target)} (target) with {_model_dir_name(draft)} (draft)"
+    description = (f"{_model_dir_name(target)} (target) with {_model_dir_name(draft)} (draft)" if draft is not None
+                   else f"{_model_dir_name(target)} (target), draft-free speculation")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.init-", dir=out.parent))
     try:
         roles = [
             _place(sources["target"][0], staging / "target", "target", target),
-            _place(sources["draft"][0], staging / "draft", "draft", draft),
+            *([_place(sources["draft"][0], staging / "draft", "draft", draft)] if draft is not None else []),
             _place(tok_files, staging / "tokenizer", "tokenizer", tok_source),
         ]
-        (staging / "Kitfile").write_text(kitfile_text(name, version, model_name, description, dtype, speculative), encoding="utf-8")
+        (staging / "Kitfile").write_text(kitfile_text(name, version, model_name, description, dtype, speculative, draft is not None),
+                                         encoding="utf-8")
         kitfile = load_kitfile(staging)  # the schema, the kitops model, every path, no pickle: as pack checks
         checked = check_content(staging, kitfile)  # what verify and run would refuse, refused here
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp made it 0700; a context is an ordinary directory
@@ -283,7 +288,7 @@ def init_context(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    skipped = sources["target"][1] + sources["draft"][1]
+    skipped = [name for _, left in sources.values() for name in left]
     return InitResult(out, kitfile, roles, checked.fingerprint, checked.pairing, dtype, skipped)
 
 
