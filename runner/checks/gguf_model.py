@@ -9,7 +9,7 @@ probe set through both models' own tokenizers.
 from __future__ import annotations
 
 __all__ = [
-    "MAX_ARRAY", "MAX_OTHER_METADATA", "bundle_format", "check_tokenizers", "estimate_memory", "fingerprint", "gguf_files",
+    "MAX_ARRAY", "MAX_OTHER_METADATA", "STRING_COST", "bundle_format", "check_tokenizers", "estimate_memory", "fingerprint", "gguf_files",
     "parameters", "preflight", "read_header", "tokenizer_metadata",
 ]
 
