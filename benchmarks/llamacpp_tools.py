@@ -10,6 +10,7 @@ modes, so the serving benchmarks start the same peers.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import subprocess
 import sys
@@ -73,11 +74,14 @@ def llama_source(version: str) -> Path:
 def build_tools(targets: tuple[str, ...] = TOOLS, version: str | None = None) -> Path:
     """Configure and build `targets` from the vendored llama.cpp (niced, all cores); returns the bin folder."""
     version = version or engine_version()
-    source = llama_source(version)
-    build_dir = bin_dir(version).parent
-    subprocess.run(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build_dir), *CMAKE_FLAGS], check=True)
-    subprocess.run(["nice", "cmake", "--build", str(build_dir), "--target", *targets, "-j", str(os.cpu_count() or 1)],
-                   check=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second benchmark asking meanwhile waits, then finds the tools built
+        source = llama_source(version)
+        build_dir = bin_dir(version).parent
+        subprocess.run(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build_dir), *CMAKE_FLAGS], check=True)
+        subprocess.run(["nice", "cmake", "--build", str(build_dir), "--target", *targets, "-j", str(os.cpu_count() or 1)],
+                       check=True)
     return bin_dir(version)
 
 

@@ -35,6 +35,7 @@ runner.decoding.cost_prior); take it on an idle machine only.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -112,6 +113,16 @@ def gguf_module():
     return gguf
 
 
+@functools.lru_cache(maxsize=2)
+def tokenizer_fields(vocab_size: int) -> list[tuple]:
+    """(key, value, type, element type) of the tokenizer metadata in llama.cpp's vocab file of that size (read
+    once: parsing 128256 tokens and their merges takes a minute)."""
+    gguf = gguf_module()
+    vocab = gguf.GGUFReader(llamacpp_tools.convert_script()[0].parent / "models" / VOCAB_FILES[vocab_size])
+    return [(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+            for key, field in vocab.fields.items() if key.startswith("tokenizer.")]
+
+
 def _tensor_shapes(s: Shape) -> list[tuple[str, tuple[int, ...]]]:
     """GGUF tensor names and numpy shapes of a Llama of shape `s`."""
     q, kv = s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
@@ -135,8 +146,8 @@ def write_gguf(name: str, s: Shape, path: Path, seed: int = 0) -> Path:
     import numpy as np
 
     gguf = gguf_module()
-    vocab = gguf.GGUFReader(llamacpp_tools.convert_script()[0].parent / "models" / VOCAB_FILES[s.vocab_size])
-    w = gguf.GGUFWriter(str(path), "llama")
+    partial = path.with_name(path.name + ".part")  # renamed once whole: an interrupted build leaves no model
+    w = gguf.GGUFWriter(str(partial), "llama")
     w.add_name(name)
     w.add_context_length(8192)
     w.add_embedding_length(s.hidden_size)
@@ -149,9 +160,8 @@ def write_gguf(name: str, s: Shape, path: Path, seed: int = 0) -> Path:
     w.add_rope_dimension_count(s.head_dim)
     w.add_vocab_size(s.vocab_size)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    for key, field in vocab.fields.items():
-        if key.startswith("tokenizer."):
-            w.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for key, value, vtype, sub_type in tokenizer_fields(s.vocab_size):
+        w.add_key_value(key, value, vtype, sub_type)
     shapes = _tensor_shapes(s)
     dtype = {1: np.float32, 2: np.float16}
     for tensor, shape in shapes:  # norms stay f32, as the converter writes them
@@ -166,7 +176,7 @@ def write_gguf(name: str, s: Shape, path: Path, seed: int = 0) -> Path:
         else:
             w.write_tensor_data((rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
     w.close()
-    return path
+    return partial.rename(path)
 
 
 def write_safetensors(name: str, s: Shape, folder: Path, seed: int = 0) -> Path:
@@ -195,8 +205,9 @@ def write_safetensors(name: str, s: Shape, folder: Path, seed: int = 0) -> Path:
                         p + "input_layernorm.weight": (s.hidden_size,), p + "post_attention_layernorm.weight": (s.hidden_size,)})
     state = {key: torch.ones(shape, dtype=torch.bfloat16) if len(shape) == 1
              else torch.empty(shape, dtype=torch.bfloat16).normal_(0.0, 0.02, generator=g) for key, shape in tensors.items()}
-    save_file(state, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({**config, "name_or_path": name}, indent=1))
+    save_file(state, str(folder / "model.safetensors.part"))
+    (folder / "model.safetensors.part").rename(folder / "model.safetensors")
     return folder
 
 
@@ -215,8 +226,11 @@ def build(work: Path, sizes: list[str], quants: list[str], torch_sizes: list[str
                     write_gguf(name, shape, f16)
                 if quant != "F16":
                     log(f"quantizing {name} to {quant}")
-                    subprocess.run([str(quantize), str(f16), str(work / f"{name}.{quant}.gguf"), quant],
-                                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    out = work / f"{name}.{quant}.gguf"
+                    done = subprocess.run([str(quantize), str(f16), str(out) + ".part", quant], capture_output=True, text=True)
+                    if done.returncode:
+                        raise SystemExit(f"llama-quantize {name} {quant} failed: {done.stderr[-2000:]}")
+                    Path(str(out) + ".part").rename(out)
             f16 = work / f"{name}.F16.gguf"
             if "F16" not in quants and f16.exists():
                 f16.unlink()  # 2 bytes a parameter: only the quantized files are measured

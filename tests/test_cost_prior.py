@@ -87,6 +87,7 @@ def test_cpu_class_is_the_fastest_extension_present() -> None:
 def test_quantization_names_follow_the_tables() -> None:
     assert [cost_prior.quant_name(q) for q in ("q4_k_m", "MOSTLY_Q4_0", "bfloat16", "torch.bfloat16", "ALL_F32")] == [
         "Q4_K_M", "Q4_0", "BF16", "BF16", "F32"]
+    assert [cost_prior.quant_name(q) for q in (2, "3", 15, "32")] == ["Q4_0", "Q4_1", "Q4_K_M", "BF16"]  # general.file_type
 
 
 @pytest.mark.parametrize("path", sorted(cost_prior.TABLES.glob("*.json")), ids=lambda p: p.name)

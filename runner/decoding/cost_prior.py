@@ -50,10 +50,19 @@ def _this_cpu_class() -> str | None:
     return cpu_class(cpu_info()["extensions"])
 
 
-def quant_name(quant: str) -> str:
-    """A quantization or dtype as the tables key it: "Q4_K_M", "Q4_0", "BF16", "F16", "F32" (gguf's
-    LlamaFileType names such as "MOSTLY_Q4_K_M" and torch's "bfloat16" too)."""
-    name = quant.upper().removeprefix("TORCH.").removeprefix("MOSTLY_").removeprefix("ALL_")
+def quant_name(quant: str | int) -> str:
+    """A quantization or dtype as the tables key it: "Q4_K_M", "Q4_0", "BF16", "F16", "F32"; also gguf's
+    LlamaFileType names ("MOSTLY_Q4_K_M") and numbers (general.file_type, as the GGUF run's dtype holds it:
+    15 or "15") and torch's "bfloat16"."""
+    text = str(quant)
+    if text.isdigit():
+        from gguf import LlamaFileType
+
+        try:
+            text = LlamaFileType(int(text)).name
+        except ValueError:
+            return f"GGUF-FILE-TYPE-{text}"
+    name = text.upper().removeprefix("TORCH.").removeprefix("MOSTLY_").removeprefix("ALL_")
     return _QUANT_ALIASES.get(name, name)
 
 
