@@ -300,3 +300,22 @@ def test_a_referrers_index_that_is_not_an_index_is_a_coded_error(registry: Regis
             pulled = run_bundle("pull", f"{relay.host}/notindex/tiny-spec:1.0.0", "--plain-http", "--key", str(keypair[1]),
                                 "--store", str(tmp_path / "pulled"), env=env)
         assert pulled.code == 5 and pulled.err.startswith("error: [registry] "), (shape, pulled.err)
+
+
+# ---------------------------------------------------------------- the release memory
+
+
+def test_a_signed_version_too_long_for_int_is_remembered_not_a_crash(tmp_path: Path, keypair) -> None:
+    """The Kitfile schema bounds a version's digits by nothing; Python's int() refuses over 4,300 of them."""
+    from bundletree import make_tree
+
+    store = tmp_path / "store"
+    huge = "1" * 5000 + ".0.0"
+    _pack(make_tree(tmp_path / "old"), store, keypair[0], "tiny-spec:old")
+    result, report = _verify(store, keypair[1], "tiny-spec:old")
+    assert result.code == 0, result.err
+    _pack(make_tree(tmp_path / "new", version=huge, seed=1), store, keypair[0], "tiny-spec:huge")
+    result, report = _verify(store, keypair[1], "tiny-spec:huge")
+    assert result.code == 0, result.err
+    result, report = _verify(store, keypair[1], "tiny-spec:old")  # now older than what the store has seen
+    _refused(result, report, "rollback")

@@ -26,12 +26,23 @@ def version_key(version: str) -> tuple:
     pre-release identifiers compared one by one, numeric ones numerically and below alphanumeric ones,
     a shorter list of equal identifiers first (1.0.0-rc.9 < 1.0.0-rc.10 < 1.0.0)."""
     core, _, pre = version.split("+", 1)[0].partition("-")
-    nums = tuple(int(x) if x.isascii() and x.isdigit() else 0 for x in core.split("."))
-    nums = (nums + (0, 0, 0))[:3] if len(nums) <= 3 else nums
+    nums = tuple(_number(x) if _is_number(x) else (0, "") for x in core.split("."))
+    nums = (nums + ((0, ""),) * 3)[:3] if len(nums) <= 3 else nums
     if not pre:
         return (nums, (1,))
-    ids = tuple((0, int(x), "") if x.isascii() and x.isdigit() else (1, 0, x) for x in pre.split("."))
+    ids = tuple((0, _number(x), "") if _is_number(x) else (1, (0, ""), x) for x in pre.split("."))
     return (nums, (0, ids))
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _number(digits: str) -> tuple[int, str]:
+    """A decimal number as a sort key without int(): numeric order for any length (Python refuses int() of
+    more than 4,300 digits, and a Kitfile's version may be that long)."""
+    digits = digits.lstrip("0")
+    return (len(digits), digits)
 
 
 def memory(state: dict[str, Any], name: str) -> dict[str, Any]:
