@@ -27,7 +27,8 @@ def gguf_dirs(root: Path, roles: Mapping[str, str]) -> dict[str, Path] | None:
     runner.gguf_run), else None (safetensors on the torch engine, runner.run). The one place run, serve, bench
     and the content checks choose by; a pair that mixes the two is refused (exit 6)."""
     dirs = {role: Path(root) / path for role, path in roles.items() if role in ("target", "draft")}
-    if len(dirs) == 2 and all(d.is_dir() for d in dirs.values()) and bundle_format(dirs) == "gguf":
+    # a target without a draft: a bundle for draft-free speculation
+    if "target" in dirs and all(d.is_dir() for d in dirs.values()) and bundle_format(dirs) == "gguf":
         return dirs
     return None
 

@@ -194,6 +194,7 @@ def load_pair(
     device = resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     draft_tokens = draft_length(params, draft_tokens)
+    model_roles(roles, params)  # a bundle without a draft runs only where it asks for draft-free speculation
     ggufs = gguf_dirs(root, roles)
     if ggufs:
         from runner.gguf_run import load_gguf_pair  # the llama.cpp engine

@@ -74,3 +74,18 @@ def test_init_without_a_draft_lays_out_a_context_for_draft_free_speculation(tmp_
     kitfile = (out / "Kitfile").read_text()
     assert "type: draft" not in kitfile and 'methods: ["ngram"]' in kitfile
     run_bundle("pack", str(out), "-t", "tiny-ngram:1.0.0", "--key", str(keypair[0]), "--store", str(tmp_path / "store"), check=True)
+
+
+def test_a_draftless_gguf_target_runs_on_the_llama_cpp_engine_to_its_greedy_output(tmp_path: Path) -> None:
+    from runner.engines import llamacpp
+    from runner.run import run_unpacked
+    from tests.tinygguf import write_gguf
+
+    (tmp_path / "target").mkdir()
+    write_gguf(tmp_path / "target" / "model.gguf", seed=0, hidden=128, layers=2)
+    text = "the quick brown fox the quick brown fox the quick"
+    result = run_unpacked(tmp_path, {"target": "target"}, {"methods": ["ngram"]}, text, max_new_tokens=16, raw=True)
+    assert result["engine"] == "llama.cpp" and result["pairing"]["draft_parameters"] == 0
+    target = llamacpp.load(tmp_path / "target" / "model.gguf", n_ctx=64, threads=1)
+    prompt = target.llm.tokenize(text.encode(), add_bos=False)
+    assert result["tokens"] == generate_plain(target, prompt, 16, eos_ids={2}).tokens

@@ -59,14 +59,14 @@ def bundle_format(dirs: Mapping[str, Path]) -> str:
     """"gguf" when target and draft each hold one GGUF file, "safetensors" when neither holds any;
     a pair that mixes the two, or a role with several GGUF files, is refused (exit 6)."""
     kinds = {}
-    for role in ("target", "draft"):
+    for role in (r for r in ("target", "draft") if r in dirs):  # no draft: a bundle for draft-free speculation
         files = gguf_files(dirs[role])
         if len(files) > 1:
             raise BundleError("invalid-bundle", f"the {role} holds {len(files)} GGUF files; a role holds one")
         if files and has_safetensors(dirs[role]):
             raise BundleError("invalid-bundle", f"the {role} holds both a GGUF and safetensors weights")
         kinds[role] = "gguf" if files else "safetensors"
-    if kinds["target"] != kinds["draft"]:
+    if kinds["target"] != kinds.get("draft", kinds["target"]):
         raise BundleError("invalid-bundle", f"the target is {kinds['target']} and the draft {kinds['draft']}: "
                           "a bundle pairs two GGUF files or two safetensors models, not one of each")
     return kinds["target"]
@@ -377,9 +377,14 @@ def check_tokenizers(files: Mapping[str, Path], headers: Mapping[str, Mapping]) 
     """The tokenizer gate for GGUF: the metadata field by field, then the probe set through both models'
     own llama.cpp tokenizers (vocabulary only, no weights). Returns the fingerprint; raises
     BundleError("tokenizer-mismatch") with the first difference."""
-    target, draft = tokenizer_metadata(headers["target"]), tokenizer_metadata(headers["draft"])
+    target = tokenizer_metadata(headers["target"])
     if target["tokenizer.ggml.tokens"] is None:
         raise BundleError("invalid-bundle", f"{files['target'].name} carries no tokenizer")
+    if "draft" not in files:  # draft-free speculation: the target's own tokenizer, nothing to compare it with
+        _check_types(target, files["target"].name)
+        _check_other_metadata(files["target"].name, headers["target"])
+        return fingerprint(target)
+    draft = tokenizer_metadata(headers["draft"])
     for role, fields in (("target", target), ("draft", draft)):
         _check_types(fields, files[role].name)
     found = difference(target, draft)
@@ -429,11 +434,14 @@ def preflight(dirs: Mapping[str, Path], params: Mapping) -> dict:
     """The checks of a GGUF pair before any weights load (what runner.run.preflight is for safetensors): one
     file per role, the tokenizer gate, pairing. Returns {"files", "headers", "fingerprint", "pairing"};
     raises BundleError on the first failure."""
-    files = {role: gguf_files(dirs[role])[0] for role in ("target", "draft")}
+    files = {role: gguf_files(dirs[role])[0] for role in ("target", "draft") if role in dirs}
     headers = {role: read_header(path) for role, path in files.items()}
     # the tokenizer gate before pairing, as for safetensors
-    return {"files": files, "headers": headers, "fingerprint": check_tokenizers(files, headers),
-            "pairing": check_pairing(headers, params)}
+    fingerprint_ = check_tokenizers(files, headers)
+    pairing = check_pairing(headers, params) if "draft" in files else {
+        "target_family": headers["target"]["metadata"].get("general.architecture", "unknown"), "draft_family": None,
+        "target_parameters": parameters(headers["target"]), "draft_parameters": 0, "size_ratio": None}
+    return {"files": files, "headers": headers, "fingerprint": fingerprint_, "pairing": pairing}
 
 
 def _count(metadata: Mapping, key: str, default: int) -> int:
