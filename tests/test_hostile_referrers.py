@@ -319,3 +319,54 @@ def test_a_signed_version_too_long_for_int_is_remembered_not_a_crash(tmp_path: P
     assert result.code == 0, result.err
     result, report = _verify(store, keypair[1], "tiny-spec:old")  # now older than what the store has seen
     _refused(result, report, "rollback")
+
+
+# ---------------------------------------------------------------- artifacts not shaped like a signature
+
+
+@pytest.mark.parametrize("payload", [b"not json at all", b"[" * 5000, b'{"mediaType": 5}', b"\xff\xfe"], ids=["text", "nesting-bomb", "wrong-type", "not-utf8"])
+def test_an_intact_referrer_that_is_no_sigstore_bundle_is_no_signature_not_damage(tree: Path, store_dir: Path, keypair, payload: bytes) -> None:
+    """Its blobs match their digests: the store is not damaged, the artifact is just no signature."""
+    _pack(tree, store_dir, keypair[0])
+    _attach(store_dir, payload)
+    result, report = _verify(store_dir, keypair[1])
+    assert result.code == 0, result.err
+    assert sorted(s["kind"] for s in report["signatures"] if s["verified"]) == ["cosign", "model-signing"]
+
+
+def test_an_only_referrer_that_is_no_sigstore_bundle_is_refused_as_invalid(tree: Path, store_dir: Path, keypair) -> None:
+    _pack(tree, store_dir, None)
+    _attach(store_dir, b"not json at all")
+    result, report = _verify(store_dir, keypair[1])
+    _refused(result, report, "signature-invalid")
+
+
+def test_a_really_damaged_signature_blob_still_refuses_the_bundle(tree: Path, store_dir: Path, keypair) -> None:
+    import os
+
+    digest = _pack(tree, store_dir, keypair[0])
+    s = Store(store_dir)
+    desc, payload = find_signatures(s, digest)[0]
+    _, manifest = s.read_json_blob(desc)
+    path = s.blob_path(manifest["layers"][0]["digest"])
+    os.chmod(path, 0o644)
+    path.write_bytes(payload[:-1] + b" ")
+    result, report = _verify(store_dir, keypair[1])
+    _refused(result, report, "digest-mismatch")
+
+
+def test_pull_and_fetch_skip_a_referrer_that_is_no_sigstore_bundle(registry: Registry, tmp_path: Path, keypair) -> None:  # noqa: F811
+    from tests.tinymodels import make_pair
+
+    make_pair(tmp_path / "ctx")
+    ref = f"{registry.host}/notsig/tiny-spec:1.0.0"
+    _pack(tmp_path / "ctx", tmp_path / "src", keypair[0], ref)
+    _attach(tmp_path / "src", b"not json at all", ref=ref)
+    (tmp_path / "no-docker").mkdir()
+    env = {"DOCKER_CONFIG": str(tmp_path / "no-docker")}
+    run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "src"), env=env, check=True)
+    pulled = run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--store", str(tmp_path / "pulled"), env=env)
+    assert pulled.code == 0, pulled.err
+    fetched = run_bundle("fetch", f"bundle://{ref}", str(tmp_path / "models"), "--plain-http", "--key", str(keypair[1]),
+                         "--store", str(tmp_path / "fetch-store"), env=env)
+    assert fetched.code == 0, fetched.err

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 import requests
 
 from bundler.format import boundedjson
-from bundler.format.manifest import Descriptor, go_json, sha256_digest
+from bundler.format.manifest import Descriptor, go_json, parse_descriptor, sha256_digest
 from bundler.format import mediatypes
 from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
 from bundler.registry.client import READ, SIG_TYPE, Client, Progress, client_for, fallback_tag, redact, run_all
@@ -213,9 +213,10 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
     for sig_desc, _ in found:
         data, sig_manifest = store.read_json_blob(sig_desc)
         sigs.append((sig_desc, data, sig_manifest))
-        for item in [sig_manifest["config"], *sig_manifest["layers"]]:
-            blobs.append((Descriptor(item["mediaType"], item["digest"], item["size"]), f"signature {item['digest'][7:19]}"))
-    damaged = damaged_signatures(store, mk.digest, found)
+        for item in [sig_manifest["config"], *sig_manifest["layers"]]:  # both read intact by find_signatures
+            blob = parse_descriptor(item, f"signature {sig_desc.digest[:19]}…")
+            blobs.append((blob, f"signature {blob.digest[7:19]}"))
+    damaged = damaged_signatures(store, mk.digest)
     if damaged:  # pushing the bundle without it would publish it unsigned, or with a blob the registry refuses
         raise BundleError("digest-mismatch", f"{ref}: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does "
                           "not match its digest): nothing pushed; pull or sign the bundle again")

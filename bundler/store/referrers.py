@@ -9,12 +9,14 @@ __all__ = [
     "stage_artifact",
 ]
 
+import hashlib
 from typing import Any, Iterator, Mapping
 
+from bundler.format import boundedjson
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor, go_json, parse_descriptor
 from bundler.format.mediatypes import OCI_EMPTY, OCI_MANIFEST, RUN_RECORD, SIGSTORE_BUNDLE, SIMPLE_SIGNING
-from bundler.store.layout import Staging, Store
+from bundler.store.layout import MAX_JSON_BLOB, Staging, Store
 
 EMPTY_CONFIG = b"{}"  # the blob of an OCI_EMPTY config: an artifact manifest must still name a config
 
@@ -57,35 +59,75 @@ def _artifacts(store: Store, artifact_type: str) -> Iterator[tuple[Descriptor, b
         yield desc, data, manifest
 
 
+class _Damaged(Exception):
+    """A blob of a signature artifact is missing or does not match its descriptor: the store is damaged."""
+
+
+def _intact(store: Store, item: Any, what: str) -> bytes:
+    """The bytes of the blob a descriptor names, checked against its digest and size; _Damaged when missing or
+    different, BundleError when the descriptor itself is malformed (an attacker's artifact, not a damaged store)."""
+    desc = parse_descriptor(item, what)
+    if not isinstance(desc.size, int) or desc.size > MAX_JSON_BLOB:
+        raise BundleError("invalid-bundle", f"{what}: a blob of {desc.size} bytes, more than a signature holds")
+    path = store.blob_path(desc.digest)  # a malformed digest: BundleError, the artifact's own fault
+    try:
+        data = boundedjson.read_regular(path, desc.size, what, "digest-mismatch")
+    except BundleError:
+        raise _Damaged() from None
+    if len(data) != desc.size or "sha256:" + hashlib.sha256(data).hexdigest() != desc.digest:
+        raise _Damaged()
+    return data
+
+
+def _signature_parts(store: Store, desc: Descriptor, manifest: Any) -> bytes | None:
+    """The Sigstore bundle bytes of an intact signature artifact (JSON or not: verify judges them), or None for
+    an artifact that is intact but not shaped like one (skipped: anyone can attach such a referrer).
+    Raises _Damaged when one of its blobs is missing or changed."""
+    layers = manifest.get("layers")
+    if not isinstance(layers, list) or len(layers) != 1:
+        return None
+    try:
+        if parse_descriptor(layers[0], f"signature {desc.digest} layer").media_type != SIGSTORE_BUNDLE:
+            return None
+        bundle = _intact(store, layers[0], f"signature {desc.digest} layer")
+        # Its config too (the empty JSON object): verify and push walk this artifact, so every blob of it is checked.
+        _intact(store, manifest.get("config"), f"signature {desc.digest} config")
+    except BundleError:
+        return None
+    return bundle
+
+
 def signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]]:
     """Every readable signature artifact in the store: (its descriptor, its subject's digest, its Sigstore bundle bytes)."""
     for desc, data, manifest in _artifacts(store, SIGSTORE_BUNDLE):
         subject = _subject_of(manifest)
         if data is None or subject is None:
             continue  # a damaged signature artifact counts as no signature; verify then says so
-        layers = manifest.get("layers")
-        if not isinstance(layers, list) or len(layers) != 1:
+        try:
+            bundle = _signature_parts(store, desc, manifest)
+        except _Damaged:
+            continue
+        if bundle is not None:
+            yield desc, subject, bundle
+
+
+def damaged_signatures(store: Store, subject_digest: str) -> list[str]:
+    """Digests of signature artifacts whose manifest names `subject_digest` and one of whose blobs is missing or
+    does not match its digest and size; and of those whose manifest itself cannot be read, whose subject cannot
+    be told (it may be this one). An intact artifact that is not shaped like a signature is not damaged: it is
+    no signature (anyone who can push a referrer can attach one)."""
+    out = []
+    for desc, data, manifest in _artifacts(store, SIGSTORE_BUNDLE):
+        if data is None:
+            out.append(desc.digest)
+            continue
+        if _subject_of(manifest) != subject_digest:
             continue
         try:
-            layer = parse_descriptor(layers[0], f"signature {desc.digest} layer")
-            if layer.media_type != SIGSTORE_BUNDLE:
-                continue
-            bundle, _ = store.read_json_blob(layer)
-            # Its config too (the empty JSON object): verify and push walk this artifact, so every blob of it is checked.
-            store.read_json_blob(parse_descriptor(manifest.get("config"), f"signature {desc.digest} config"))
-        except BundleError:
-            continue
-        yield desc, subject, bundle
-
-
-def damaged_signatures(store: Store, subject_digest: str, found: list[tuple[Descriptor, bytes]] | None = None) -> list[str]:
-    """Digests of signature artifacts whose manifest names `subject_digest` but which `find_signatures` leaves
-    out: one of their blobs is missing or does not match its digest and size (or the artifact is malformed);
-    and of those whose manifest itself cannot be read, whose subject cannot be told (it may be this one).
-    found: what `find_signatures` already returned for this subject (not read again)."""
-    usable = {desc.digest for desc, _ in (find_signatures(store, subject_digest) if found is None else found)}
-    return [desc.digest for desc, data, manifest in _artifacts(store, SIGSTORE_BUNDLE)
-            if data is None or (_subject_of(manifest) == subject_digest and desc.digest not in usable)]
+            _signature_parts(store, desc, manifest)
+        except _Damaged:
+            out.append(desc.digest)
+    return out
 
 
 def find_signatures(store: Store, subject_digest: str) -> list[tuple[Descriptor, bytes]]:

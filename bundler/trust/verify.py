@@ -284,7 +284,7 @@ def _select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted:
     candidate that got furthest is the error.
     """
     found = find_signatures(store, mk.digest)
-    damaged = damaged_signatures(store, mk.digest, found)
+    damaged = damaged_signatures(store, mk.digest)
     if found and damaged:  # every blob verify walks is checked: a damaged store is refused, not verified around
         err = BundleError("digest-mismatch", f"{mk.ref} ({mk.digest[:19]}…): signature artifact {damaged[0][:19]}… in the store is "
                           "damaged (a blob is missing or does not match its digest); pull or sign the bundle again")
