@@ -629,7 +629,7 @@ def _print_bench(result: dict[str, Any]) -> None:
 
 
 def _expected(from_dir: str | None, expect: str | None) -> Any:
-    """serve's --expect, parsed (bundler.verbs.fromdir.Expected); a warning when --from-dir has none."""
+    """serve's --expect, parsed (bundler.verbs.fromdir.Expected)."""
     from bundler.verbs.fromdir import parse_expected
 
     if expect and not from_dir:
@@ -637,9 +637,6 @@ def _expected(from_dir: str | None, expect: str | None) -> Any:
         if source == click.core.ParameterSource.COMMANDLINE:
             raise BundleError("usage", "--expect goes with --from-dir (REF already names the bundle)")
         return None  # $BUNDLE_EXPECT set for a --from-dir pod, here serving from the store
-    if from_dir and not expect:
-        click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
-                   "under its signed name: pin the reference or digest", err=True)
     return parse_expected(expect) if from_dir and expect else None
 
 
@@ -781,6 +778,9 @@ def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | Non
 
     def ready(info: dict[str, Any]) -> None:
         click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
+        if from_dir and not expect:  # once serving: a refusal stays the one line CONTRACT.md promises
+            click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
+                       "under its signed name: pin the reference or digest", err=True)
 
     try:
         source = DirSource(Path(from_dir), expected, store) if from_dir else StoreSource(store, parse_ref(ref))

@@ -213,6 +213,7 @@ def test_without_expect_the_name_comes_from_the_signature_not_origin_json_and_a_
     ("renamed", "{v1[uri]}", "signature-mismatch"),  # the same content signed under another name
     ("renamed", "{v1[ref]}", "signature-mismatch"),  # the same, as a plain reference
     ("v11", "{v1[uri]}", "signature-mismatch"),  # a newer release is not the one expected either
+    ("v1", "kit://robot:pa55w0rd@{v11[ref]}", "rollback"),  # KitOps' URI form; the credentials never shown
 ])
 def test_expect_refuses_a_directory_holding_another_bundle_at_start(bundles, tmp_path: Path, held: str, expect: str, code: str) -> None:
     volume = _volume(bundles, held, tmp_path)
@@ -220,7 +221,7 @@ def test_expect_refuses_a_directory_holding_another_bundle_at_start(bundles, tmp
     srv = Served(bundles, volume, tmp_path, "--expect", value)
     assert not srv.start()
     assert srv.proc.returncode == 3 and srv.err.splitlines()[-1].startswith(f"error: [{code}]"), srv.err
-    assert "Traceback" not in srv.err and list(srv.tmp.iterdir()) == []
+    assert "Traceback" not in srv.err and "pa55w0rd" not in srv.err and list(srv.tmp.iterdir()) == []
 
 
 def test_a_release_older_than_one_served_before_is_refused_by_the_release_memory(bundles, tmp_path: Path) -> None:

@@ -237,9 +237,9 @@ def checked_dir(root: Path, trusted: Mapping[str, Any], now: dt.datetime | None 
         raise BundleError("digest-mismatch", f"{EVIDENCE}/{CONFIG} is not the config the manifest {digest[:19]}… names")
     config = boundedjson.loads(config_bytes, f"{EVIDENCE}/{CONFIG}")
     kitfile = kitfile_from_data(strip_layer_info(config), f"{EVIDENCE}/{CONFIG}")
+    ref = _check_expected(expect, kitfile, digest)  # a refusal before any file is read; a match trusts nothing yet
     on_disk = _files_on_disk(root)  # links and special files refused before the layers are written again
     signer, files, kind = signed_files(root, sig, digest, manifest, config, kitfile, trusted, now or dt.datetime.now(dt.timezone.utc))
-    ref = _check_expected(expect, kitfile, digest)
     check_files({p: 0 for p in on_disk}, signature.SignedClaims(signer, files, {}, {}))  # missing-file, extra-file, tampered
     _check_release(store, expect, kitfile, digest)
     return CheckedDir(root, ref, digest, signer, kitfile, files, kind)
