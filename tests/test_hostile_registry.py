@@ -1,5 +1,7 @@
-"""A hostile registry (tests/hostile_registry.py, a small HTTP server on 127.0.0.1) and a second local
-server it points at: credentials reach only the registry host the user named, whatever the registry says.
+"""Registry credentials and trust order: a hostile registry (tests/hostile_registry.py, a small HTTP server on
+127.0.0.1) and a second local server it points at: credentials reach only the registry host the user named,
+whatever the registry says; a hostile docker config is a registry-auth error; pull checks the signature before any
+layer. Hostile registry responses: tests/test_hostile_registry_responses.py.
 """
 
 from __future__ import annotations
@@ -151,3 +153,16 @@ def test_pull_keeps_only_the_signature_that_verified(packed: Path, tmp_path: Pat
         result = run_bundle("pull", f"{reg.host}/org/tiny-spec:1.0.0", "--plain-http", "--key", str(keypair[1]), "--store", str(store), env=_env(tmp_path))
     assert result.code == 0, result.err
     assert {m["digest"] for m in StoreEditor(store).signatures()} == mine
+
+
+@pytest.mark.parametrize("content", [b"[1]", b'{"auths": [1]}', b'{"credHelpers": "x"}', b"[" * 100_000, b" " * (5 << 20)])
+def test_a_hostile_docker_config_is_a_registry_auth_error(tmp_path: Path, content: bytes) -> None:
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    (docker / "config.json").write_bytes(content)
+    store = tmp_path / "store"
+    run_bundle("pack", str(make_tree(tmp_path / "ctx")), "-t", "127.0.0.1:9/x/tiny-spec:1.0.0", "--store", str(store), check=True)
+    result = run_bundle("push", "127.0.0.1:9/x/tiny-spec:1.0.0", "--plain-http", "--store", str(store),
+                        env={"DOCKER_CONFIG": str(docker), "BUNDLE_REGISTRY_USER": "", "BUNDLE_REGISTRY_PASSWORD": ""})
+    assert result.code == 5 and result.err.startswith("error: [registry-auth] "), result.err
+    assert len(result.err.strip().splitlines()) == 1
