@@ -52,6 +52,25 @@ def test_a_draftless_bundle_runs_to_the_target_alones_greedy_output(signed: dict
     assert out["tokens"] == generate_plain(target, ids, 24).tokens
 
 
+def test_bench_of_a_draftless_bundle_has_no_assisted_peer_and_the_target_alones_output(signed: dict[str, Path],
+                                                                                        keypair: tuple[Path, Path]) -> None:
+    result = run_bundle("bench", REF, "--prompts", "grounded", "--limit", "2", "--max-new-tokens", "8", "--key", str(keypair[1]),
+                        "--store", str(signed["store"]), "--json", check=True)
+    out = json.loads(result.out)
+    assert out["runs"]["hf_assisted"] is None and out["speedup_vs_hf_assisted"] is None
+    assert out["runs"]["hf_prompt_lookup"]["tokens_per_second"] > 0
+    assert out["identical_output"] is True
+    assert all(p["method"] in ("ngram", "plain", "ngram, then plain") for p in out["per_prompt"])
+
+
+def test_tune_of_a_draftless_context_tries_prompt_lookup_alone(signed: dict[str, Path]) -> None:
+    result = run_bundle("tune", str(signed["ctx"]), "--max-k", "3", "--max-new-tokens", "6", "--limit", "1", "--held-out", "none",
+                        "--json", check=True)
+    out = json.loads(result.out)
+    assert [(r["method"], r["k"]) for r in out["rows"]] == [("plain", 0), ("ngram", 1), ("ngram", 2), ("ngram", 3)]
+    assert out["drafts"] == [] and out["settings"]["methods"] == ["ngram"]
+
+
 @pytest.mark.parametrize("speculative", ["{draft_tokens: 4}", "{methods: [ngram, draft]}", "{methods: [draft]}"])
 def test_a_bundle_without_a_draft_that_does_not_ask_for_draft_free_speculation_is_refused(tmp_path: Path, speculative: str) -> None:
     ctx = draftless(tmp_path / "ctx", speculative)

@@ -86,7 +86,7 @@ def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_token
     with tempfile.TemporaryDirectory(prefix="specbundle-inspect-") as tmp:
         view = Path(tmp)
         metadata_view(store, mk, view)
-        models = {role: view / roles[role] for role in ("target", "draft")}
+        models = {role: view / roles[role] for role in ("target", "draft") if role in roles}  # no draft: draft-free speculation
         if all(d.is_dir() and gguf_model.gguf_files(d) for d in models.values()):
             out.update(_gguf_view(models, max_tokens))
             return out
@@ -103,8 +103,9 @@ def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_token
             out["tokenizer"] = {"fingerprint": None, "error": err.line()}
         dtype = str(mk.kitfile.parameters.get("dtype", "float32"))
         try:
-            out["models"] = {role: {"parameters": modelinfo.count_parameters(view / roles[role])} for role in ("target", "draft")}
-            out["memory"] = {"dtype": dtype, "max_tokens": max_tokens, **modelinfo.estimate_memory(view / roles["target"], view / roles["draft"], dtype, max_tokens)}
+            out["models"] = {role: {"parameters": modelinfo.count_parameters(directory)} for role, directory in models.items()}
+            out["memory"] = {"dtype": dtype, "max_tokens": max_tokens,
+                             **modelinfo.estimate_memory(models["target"], models.get("draft"), dtype, max_tokens)}
         except BundleError as err:
             out["models"] = {"error": err.line()}
     return out

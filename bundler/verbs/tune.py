@@ -107,7 +107,7 @@ def _gguf_draft(ggufs: Mapping[str, Path], params: Mapping[str, Any], pair: Any)
 def _tune(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], options: TuneOptions,
           verified_files: Mapping[str, str] | None = None, weight_ranges: Mapping[str, Any] | None = None) -> dict[str, Any]:
     from runner.bench.machine import machine_info
-    from runner.bench.tune import held_out_check, loop_supports, measure_settings, settings_grid
+    from runner.bench.tune import held_out_check, measure_settings, settings_grid
     from runner.decoding.settings import DecodingSettings
     from runner.pair import prompt_ids
     from runner.run import load_pair
@@ -128,7 +128,7 @@ def _tune(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], optio
     return {
         "engine": pair.engine, "dtype": pair.dtype, "device": pair.device, "prompts": len(options.prompts),
         "held_out_prompts": len(options.held_out), "max_new_tokens": options.max_new_tokens, "ks": list(options.ks),
-        "drafts": list(drafts), "unsupported_methods": [m for m in base.methods if not loop_supports(m)],
+        "drafts": list(drafts),
         "rows": [{"setting": r.setting.label(), **r.as_dict(plain_tps)} for r in tuned.rows],
         "choice": {"setting": choice.setting.label(), **choice.as_dict(plain_tps)},
         "plain_fastest": tuned.best().setting.method == "plain",
@@ -145,7 +145,7 @@ def _kitfile_settings(tuned: Any, choice: Any, base: Any) -> dict[str, Any]:
     wins where two share a k). A candidate draft's k is written, but the draft itself stays the bundle's."""
     plain = tuned.plain.tokens_per_second
     best: dict[str, Any] = {}
-    for row in sorted((r for r in tuned.rows if r.supported and r.setting.method != "plain"), key=lambda r: -r.tokens_per_second):
+    for row in sorted((r for r in tuned.rows if r.setting.method != "plain"), key=lambda r: -r.tokens_per_second):
         best.setdefault(row.setting.method, row)
     methods = [choice.setting.method] + [m for m, r in best.items() if m != choice.setting.method and r.tokens_per_second > plain]
     out: dict[str, Any] = {"methods": methods}

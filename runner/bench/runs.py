@@ -73,14 +73,13 @@ def pooled(runs: Sequence[Run]) -> Run:
 
 
 def chosen_method(stats: Any) -> str:
-    """The method a generation ended up with: the one the guard chose where the loop records it, else
-    the draft model, or plain where the guard fell back before anything was drafted."""
-    method = getattr(stats, "method", None)
-    if method:
-        return str(method)
-    if stats.fallback:
-        return "draft, then plain" if stats.spec_tokens else "plain"
-    return "draft"
+    """The method a generation proposed with (Stats.by_method; "ngram+draft" where both proposed), ", then
+    plain" where the guard fell back after proposing, "plain" where it never proposed."""
+    counts = {m for m, c in (getattr(stats, "by_method", None) or {}).items() if c[0]}
+    used = "ngram+draft" if len(counts) > 1 else next(iter(counts), "draft" if stats.spec_tokens else "")
+    if not used:
+        return "plain"
+    return f"{used}, then plain" if stats.fallback else used
 
 
 def by_category(rounds: Sequence[Mapping[str, Run]], categories: Sequence[str], reference: str,

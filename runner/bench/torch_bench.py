@@ -141,12 +141,13 @@ def _per_prompt(i: int, runs: Mapping[str, Run], stats: Any) -> dict[str, Any]:
 
 
 
-def _fastest(runs: Mapping[str, Run]) -> tuple[str, str]:
-    """The faster setting of transformers' assisted generation, and the fastest plain decoding: transformers
-    in each dtype, or our runner's own plain decoding (its forward, without a draft)."""
+def _fastest(runs: Mapping[str, Run]) -> tuple[str | None, str]:
+    """The faster setting of transformers' assisted generation (None for a bundle without a draft), and the
+    fastest plain decoding: transformers in each dtype, or our runner's own plain decoding (its forward)."""
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
     plain = [f"target_only_{d}" for d in PLAIN_DTYPES] + ["runner_plain"]
-    return max(("hf_assisted_default", "hf_assisted_k"), key=tps), max(plain, key=tps)
+    assisted = [name for name in ("hf_assisted_default", "hf_assisted_k") if name in runs]
+    return (max(assisted, key=tps) if assisted else None), max(plain, key=tps)
 
 
 def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
@@ -155,7 +156,7 @@ def _ratios(runs: Mapping[str, Run]) -> dict[str, Any]:
     tps = lambda name: runs[name].tokens_per_second  # noqa: E731
     hf, fastest = _fastest(runs)
     return {"speedup_vs_target": tps("bundle") / tps("target_only"), "speedup_vs_runner_plain": tps("bundle") / tps("runner_plain"),
-            "speedup_vs_hf_assisted": tps("bundle") / tps(hf), "speedup_vs_hf_prompt_lookup": tps("bundle") / tps("hf_prompt_lookup"),
+            "speedup_vs_hf_assisted": tps("bundle") / tps(hf) if hf else None, "speedup_vs_hf_prompt_lookup": tps("bundle") / tps("hf_prompt_lookup"),
             "speedup_vs_fastest_plain": tps("bundle") / tps(fastest), "fastest_plain": fastest}
 
 
@@ -205,7 +206,8 @@ def bench_unpacked(
     say = progress or (lambda _msg: None)
     device = resolve_device(device)
     dtype = str(params.get("dtype") or "float32")
-    settings = DecodingSettings.from_params(params, draft_tokens)
+    has_draft = "draft" in roles  # a bundle without one runs prompt lookup alone
+    settings = DecodingSettings.from_params(params, draft_tokens, has_draft=has_draft)
     k = settings.draft_tokens
     ranges = weight_ranges_at(root, weight_ranges)
     checked = preflight(root, roles, params, ranges)
@@ -216,14 +218,15 @@ def bench_unpacked(
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
     load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=verified_digests(verified_files, roles[role]),  # noqa: E731
                                        ranges=ranges)
-    target, plain_draft = load("target", dtype), load("draft", dtype)
+    target, plain_draft = load("target", dtype), (load("draft", dtype) if has_draft else None)
     # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
     # models as transformers loads them.
-    models = _Models(target, plain_draft, runtime_target(target), runtime_draft(plain_draft, checked))
+    models = _Models(target, plain_draft, runtime_target(target), runtime_draft(plain_draft, checked) if has_draft else None)
     models.others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
 
     rounds = _timed_rounds(models, _methods(models, settings, eos, vocab, max_new_tokens, k, history), ids, eos, dtype, repeat, say)
-    draft_only = timed(ids[:2], _plain(models.draft, eos, vocab, max_new_tokens))  # for the cost ratio
+    # the draft alone, for the cost ratio (nothing to time without a draft: prompt lookup costs no model call)
+    draft_only = timed(ids[:2], _plain(models.draft, eos, vocab, max_new_tokens)) if has_draft else Run()
     models.others.clear()  # the other dtypes' targets: not needed for the report
     labels = list(categories or ["user"] * len(ids))
     return {**_report(models, rounds, draft_only, ids, dtype, k), "prompts": len(ids), "max_new_tokens": max_new_tokens,
@@ -253,8 +256,8 @@ def _methods(models: _Models, settings: DecodingSettings, eos: set[int], vocab: 
         "target_only": plain(target),
         **({"runner_plain": plain(models.fast_target)} if models.fast_target is not target else {}),
         "bundle": ours,
-        "hf_assisted_default": _hf_assisted(target, plain_draft, eos, max_new_tokens, None),
-        "hf_assisted_k": _hf_assisted(target, plain_draft, eos, max_new_tokens, k),
+        **({"hf_assisted_default": _hf_assisted(target, plain_draft, eos, max_new_tokens, None),
+            "hf_assisted_k": _hf_assisted(target, plain_draft, eos, max_new_tokens, k)} if plain_draft is not None else {}),
         "hf_prompt_lookup": _hf_prompt_lookup(target, eos, max_new_tokens),
         **{f"target_only_{other}": plain(model) for other, model in models.others.items()},
     }
@@ -265,7 +268,7 @@ def _timed_rounds(models: _Models, methods: Mapping[str, Callable[[list[int]], t
     """Every model warmed up, then `repeat` interleaved rounds of every method; each round's target alone also
     named for its dtype, and standing in for our plain decoding where our forward does not run the target."""
     say("warming up")
-    for model in {id(m): m for m in (models.target, models.fast_target, models.draft, *models.others.values())}.values():
+    for model in {id(m): m for m in (models.target, models.fast_target, models.draft, *models.others.values()) if m is not None}.values():
         generate_plain(model, ids[0], 8, eos_ids=eos)
     rounds = interleaved_rounds(methods, ids, repeat, say)
     for runs in rounds:
@@ -292,10 +295,11 @@ def _report(models: _Models, rounds: list[dict[str, Run]], draft_only: Run, ids:
     speedup = median("speedup_vs_target")
     spec_gain = median("speedup_vs_runner_plain")
     return {
-        "runs": {**{name: run.as_dict() for name, run in runs.items()}, "hf_assisted": {**runs[hf_best].as_dict(), "setting": hf_best}},
+        "runs": {**{name: run.as_dict() for name, run in runs.items()},
+                 "hf_assisted": {**runs[hf_best].as_dict(), "setting": hf_best} if hf_best else None},
         "speedup_vs_target": round(speedup, 3),
         "speedup_vs_runner_plain": round(spec_gain, 3),
-        "speedup_vs_hf_assisted": round(median("speedup_vs_hf_assisted"), 3),
+        "speedup_vs_hf_assisted": round(median("speedup_vs_hf_assisted"), 3) if hf_best else None,
         "speedup_vs_hf_prompt_lookup": round(median("speedup_vs_hf_prompt_lookup"), 3),
         "speedup_vs_fastest_plain": round(median("speedup_vs_fastest_plain"), 3),
         "fastest_plain": fastest_plain,

@@ -7,9 +7,8 @@ draft length off, so a row measures the method and k themselves, not the guard's
 
 from __future__ import annotations
 
-__all__ = ["HELD_OUT_TOLERANCE", "Row", "Setting", "TuneResult", "held_out_check", "loop_supports", "measure_settings", "settings_grid"]
+__all__ = ["HELD_OUT_TOLERANCE", "Row", "Setting", "TuneResult", "held_out_check", "measure_settings", "settings_grid"]
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,7 +44,6 @@ class Row:
     seconds: float = 0.0
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
-    supported: bool = True
 
     @property
     def acceptance_at(self) -> list[float]:
@@ -60,9 +58,8 @@ class Row:
     def as_dict(self, plain_tps: float) -> dict[str, Any]:
         return {
             "method": self.setting.method, "k": self.setting.k, "draft": self.setting.draft or None,
-            "supported": self.supported,
             "tokens_per_second": round(self.tokens_per_second, 2), "new_tokens": self.new_tokens, "seconds": round(self.seconds, 3),
-            "speedup_vs_plain": round(self.tokens_per_second / plain_tps, 3) if plain_tps and self.supported else None,
+            "speedup_vs_plain": round(self.tokens_per_second / plain_tps, 3) if plain_tps else None,
             "per_token_acceptance": round(self.per_token_acceptance, 4),
             "acceptance_at": [round(a, 4) for a in self.acceptance_at],
         }
@@ -79,20 +76,12 @@ class TuneResult:
         return next(r for r in self.rows if r.setting.method == PLAIN)
 
     def best(self, speculative_only: bool = False) -> Row:
-        """The fastest supported row (speculative_only: leaving plain out)."""
-        rows = [r for r in self.rows if r.supported and not (speculative_only and r.setting.method == PLAIN)]
+        """The fastest row (speculative_only: leaving plain out)."""
+        rows = [r for r in self.rows if not (speculative_only and r.setting.method == PLAIN)]
         return max(rows, key=lambda r: r.tokens_per_second)
 
     def find(self, setting: Setting) -> Row:
         return next(r for r in self.rows if r.setting == setting)
-
-
-def loop_supports(method: str) -> bool:
-    """Whether this build's decoding loop takes the method: the draft model always; the others once its
-    generate_speculative takes the proposers' settings (DecodingSettings.proposer_args)."""
-    from runner.decoding.speculative import generate_speculative
-
-    return method == "draft" or "methods" in inspect.signature(generate_speculative).parameters
 
 
 def settings_grid(methods: Sequence[str], ks: Sequence[int], drafts: Sequence[str]) -> list[Setting]:
@@ -118,11 +107,8 @@ def _generator(target, drafts: Mapping[str, Any], base: DecodingSettings, settin
 
     if setting.method == PLAIN:
         return lambda ids: (lambda r: (r.tokens, r.stats))(generate_plain(target, ids, max_new_tokens, eos_ids=eos, vocab_size=vocab))
-    settings = _loop_settings(base, setting)
-    kwargs = settings.loop_args()
-    if "methods" in inspect.signature(generate_speculative).parameters:
-        kwargs.update(settings.proposer_args())
-    draft = drafts.get(setting.draft) if setting.draft else next(iter(drafts.values()), None)
+    kwargs = _loop_settings(base, setting).loop_args()
+    draft = drafts[setting.draft] if "draft" in setting.method else None  # prompt lookup alone runs no draft model
     return lambda ids: (lambda r: (r.tokens, r.stats))(generate_speculative(
         target, draft, ids, max_new_tokens, **kwargs, eos_ids=eos, vocab_size=vocab))
 
@@ -140,16 +126,13 @@ def _row(setting: Setting, run: Run) -> Row:
 def measure_settings(target, drafts: Mapping[str, Any], base: DecodingSettings, grid: Sequence[Setting], ids: Sequence[list[int]],
                      *, eos: set[int], vocab: int | None, max_new_tokens: int,
                      progress: Callable[[str], None] | None = None) -> TuneResult:
-    """Each setting of `grid` over every prompt (a warm-up generation first); settings this build's loop
-    cannot run are kept as unsupported rows. drafts: name -> loaded draft model (empty for a draft-free pair)."""
+    """Each setting of `grid` over every prompt (a warm-up generation first). drafts: name -> loaded draft
+    model (empty for a draft-free pair)."""
     say = progress or (lambda _msg: None)
     rows: list[Row] = []
     warm = _generator(target, drafts, base, Setting(PLAIN), eos, vocab, 8)
     warm(list(ids[0]))
     for n, setting in enumerate(grid, 1):
-        if setting.method != PLAIN and (not loop_supports(setting.method) or ("draft" in setting.method and setting.draft not in drafts)):
-            rows.append(Row(setting, supported=False))
-            continue
         say(f"setting {n}/{len(grid)}: {setting.label()}")
         rows.append(_row(setting, timed(ids, _generator(target, drafts, base, setting, eos, vocab, max_new_tokens))))
     return TuneResult(rows)
