@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import run_bundle
-from tests.test_serve import REF, Server, _pack
+from tests.test_serve import REF, Server, _free_port, _pack
 
 PROMPTS = ["hello there", "what is a draft?", "one two three", "the quick fox", "lossless decoding", "a b c d", "tokens", "why"]
 TIE = 1e-3  # as in tests/test_batching.py: a difference where the single computation's top two logits are this close
@@ -263,8 +263,9 @@ def test_status_page_figures_name_the_batch(server: Server) -> None:
     _wait(lambda: _live(server)["batch_size"] is not None, "a batch size")
 
 
-def test_more_sequences_than_the_memory_budget_holds_are_refused_before_the_port_opens(store: Path, keypair) -> None:
-    result = run_bundle("serve", REF, "--key", str(keypair[1]), "--store", str(store / "store"), "--port", "1",
+def test_more_sequences_than_the_memory_budget_holds_are_refused_while_loading_and_the_server_exits_4(store: Path, keypair) -> None:
+    # The port opens first (/health answers 503 while loading); the refusal stops it and is the exit code.
+    result = run_bundle("serve", REF, "--key", str(keypair[1]), "--store", str(store / "store"), "--port", str(_free_port()),
                         "--sequences", "64", "--memory-budget", "80MB")
     # (llama.cpp's own warnings about the tiny files' training context may come first, from loading the pair)
     last = result.err.strip().splitlines()[-1]

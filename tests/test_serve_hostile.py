@@ -332,7 +332,7 @@ def test_health_is_answered_while_idle_connections_hold_the_connection_bound(ser
 
 
 def test_bound_to_every_address_any_ip_is_served_but_a_name_must_still_be_allowed() -> None:
-    from bundler.serve.guard import ServeLimits
+    from bundler.serve.request_guard import ServeLimits
 
     wildcard = ServeLimits(host="0.0.0.0", allowed_hosts=("svc.cluster.local",))
     assert wildcard.host_allowed("10.1.2.3:8000") and wildcard.host_allowed("[fe80::1]:8000")

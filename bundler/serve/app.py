@@ -8,7 +8,7 @@ Origin, Content-Type and the body (bundler.serve.request_guard).
 
 from __future__ import annotations
 
-__all__ = ["build_app"]
+__all__ = ["SERVE_MAX_NEW_TOKENS", "SERVE_PROMPT_TOKENS", "build_app"]
 
 from pathlib import Path
 from typing import Any

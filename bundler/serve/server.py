@@ -4,7 +4,7 @@ loading stops the server and is raised to the caller (the CLI's exit code)."""
 
 from __future__ import annotations
 
-__all__ = ["serve_bundle"]
+__all__ = ["DRAIN_LIMIT_S", "serve_bundle"]
 
 import contextlib
 import dataclasses
