@@ -205,3 +205,26 @@ def test_a_destination_that_fills_up_is_a_usage_error_leaving_it_empty(pushed, t
     assert result.stderr.startswith("error: [usage] ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "File too large" in result.stderr
     assert list(dest.iterdir()) == []
+
+
+# ---------------------------------------------------------------- the docker config's entries
+
+
+@pytest.mark.parametrize("config", [
+    {"auths": {"{host}": "not-a-map"}},
+    {"auths": {"{host}": {"auth": 5}}},
+    {"auths": {"{host}": {"username": ["me"], "password": "x"}}},
+    {"credHelpers": {"{host}": 7}},
+    {"credsStore": {"a": 1}},
+], ids=["entry-a-string", "auth-a-number", "username-a-list", "helper-a-number", "store-a-map"])
+def test_docker_config_entries_of_the_wrong_type_are_a_coded_error_or_anonymous(tmp_path: Path, keypair, config: dict) -> None:
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    host = f"127.0.0.1:{free_port()}"
+    (docker / "config.json").write_text(json.dumps(config).replace("{host}", host))
+    result = run_bundle("fetch", f"bundle://{host}/{REPO}:1.0.0", str(tmp_path / "models"), "--plain-http", "--key", str(keypair[1]),
+                        env={**_env(tmp_path), "DOCKER_CONFIG": str(docker), "BUNDLE_RETRIES": "0"})
+    assert result.code == 5 and result.err.startswith(("error: [registry-auth] ", "error: [registry-unreachable] ")), result.err
+    assert len(result.err.strip().splitlines()) == 1 and not (tmp_path / "models").exists()
+    login = run_bundle("login", host, "-u", "me", "--password-stdin", env={**_env(tmp_path), "DOCKER_CONFIG": str(docker)})
+    assert "Traceback" not in login.err and "[internal]" not in login.err, login.err

@@ -15,6 +15,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bundler.format import boundedjson
 from bundler.format.atomicfile import write_atomically
@@ -56,7 +57,9 @@ def _host_keys(registry: str) -> list[str]:
     return [k for h in hosts for k in (h, f"https://{h}", f"http://{h}", f"https://{h}/v1/")]
 
 
-def _from_inline(entry: dict, where: str) -> Credentials | None:
+def _from_inline(entry: Any, where: str) -> Credentials | None:
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k) or "", str) for k in ("auth", "username", "password", "identitytoken")):
+        raise BundleError("registry-auth", f"{where}: not a map of strings (auth, username, password, identitytoken); log in again")
     if entry.get("auth"):
         try:
             user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
@@ -76,11 +79,12 @@ def _from_helper(helper: str, registry: str) -> Credentials | None:
     try:
         proc = subprocess.run([f"docker-credential-{helper}", "get"], input=registry.encode(), capture_output=True, timeout=30, check=True)
         payload = json.loads(proc.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except (OSError, subprocess.SubprocessError, ValueError, RecursionError):
         return None
-    if not payload.get("Secret"):
+    if not isinstance(payload, dict) or not isinstance(payload.get("Secret"), str) or not payload["Secret"]:
         return None
-    return Credentials(payload.get("Username") or "<token>", payload["Secret"], f"docker-credential-{helper}")
+    user = payload.get("Username")
+    return Credentials(user if isinstance(user, str) and user else "<token>", payload["Secret"], f"docker-credential-{helper}")
 
 
 def lookup(registry: str) -> Credentials | None:
@@ -102,10 +106,9 @@ def lookup(registry: str) -> Credentials | None:
     helpers = config.get("credHelpers") or {}
     for key in _host_keys(registry):
         if key in helpers:
-            return _from_helper(helpers[key], registry)
-    if config.get("credsStore"):
-        return _from_helper(config["credsStore"], registry)
-    return None
+            return _from_helper(helpers[key], registry) if isinstance(helpers[key], str) else None
+    store = config.get("credsStore")
+    return _from_helper(store, registry) if isinstance(store, str) and store else None
 
 
 def _read_config(path: Path) -> dict:
@@ -135,7 +138,8 @@ def login(registry: str, username: str, password: str) -> Path:
     path = docker_config_path()
     config = _read_config(path)
     auths = config.setdefault("auths", {})
-    auths[registry] = {**(auths.get(registry) or {}), "auth": base64.b64encode(f"{username}:{password}".encode()).decode()}
+    prior = auths.get(registry)
+    auths[registry] = {**(prior if isinstance(prior, dict) else {}), "auth": base64.b64encode(f"{username}:{password}".encode()).decode()}
     _write_config(path, config)
     return path
 
