@@ -109,6 +109,13 @@ class Manifests:
     def readiness(self) -> dict[str, Any]:
         return self.main()["readinessProbe"]
 
+    def liveness(self) -> dict[str, Any]:
+        return self.main()["livenessProbe"]
+
+    def service_monitor(self) -> dict[str, Any] | None:
+        """The base's ServiceMonitor (the Prometheus operator's scrape of the same pods), if it ships one."""
+        return next((o for o in base_objects() if o["kind"] == "ServiceMonitor"), None)
+
 
 NAMESPACE = "default"  # the namespace the harness's pods run in (the downward API's metadata.namespace)
 
@@ -172,6 +179,7 @@ class Pod:
     init_results: list[subprocess.CompletedProcess] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     log: Path | None = None
+    readiness_seen: list[int] = field(default_factory=list)  # each answer the readiness probe got, in order
 
     @property
     def url(self) -> str:
@@ -207,13 +215,19 @@ class Pod:
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
         return True
 
+    def probe(self, probe: Mapping[str, Any]) -> int | None:
+        """The status a probe's GET gets (None: no answer, the port not open)."""
+        try:
+            return requests.get(self.url + probe["httpGet"]["path"], timeout=probe.get("timeoutSeconds", 2)).status_code
+        except requests.RequestException:
+            return None
+
     def ready(self) -> bool:
         """What the readiness probe sees: GET <path> answers 200."""
-        path = self.manifests.readiness()["httpGet"]["path"]
-        try:
-            return requests.get(self.url + path, timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
+        status = self.probe(self.manifests.readiness())
+        if status is not None:
+            self.readiness_seen.append(status)
+        return status == 200
 
     def wait_ready(self, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -359,26 +373,38 @@ class Prometheus:
                 self.proc.wait(5)
 
 
-def scrape_config(manifests: Manifests, slots: Mapping[str, int], interval: str = "1s") -> dict[str, Any]:
+def scrape_config(manifests: Manifests, slots: Mapping[str, int], interval: str = "1s", both: bool = False) -> dict[str, Any]:
     """What a kubernetes_sd job keeping pods annotated prometheus.io/scrape=true would scrape: each pod's
-    prometheus.io/port (here: the pod's own loopback port) at prometheus.io/path, labelled with the pod."""
+    prometheus.io/port (here: the pod's own loopback port) at prometheus.io/path, labelled with the pod. both:
+    also the shipped ServiceMonitor's job over the same pods (the operator labels its targets with the service
+    and endpoint too), as a cluster running both ways of scraping does: every replica is scraped twice."""
     notes = manifests.annotations()
-    if notes.get("prometheus.io/scrape") != "true":
-        return {"scrape_configs": []}
-    container_port = str(manifests.main()["ports"][0]["containerPort"])
-    assert notes.get("prometheus.io/port", container_port) == container_port, "the annotation names the serving port"
-    job = {"job_name": "specbundle", "scrape_interval": interval, "scrape_timeout": interval,
-           "metrics_path": notes.get("prometheus.io/path", "/metrics"),
-           "static_configs": [{"targets": [f"127.0.0.1:{p}"], "labels": {"pod": name}} for name, p in slots.items()]}
-    return {"global": {"scrape_interval": interval, "evaluation_interval": interval}, "scrape_configs": [job]}
+    jobs = []
+    if notes.get("prometheus.io/scrape") == "true":
+        container_port = str(manifests.main()["ports"][0]["containerPort"])
+        assert notes.get("prometheus.io/port", container_port) == container_port, "the annotation names the serving port"
+        jobs.append({"job_name": "specbundle", "scrape_interval": interval, "scrape_timeout": interval,
+                     "metrics_path": notes.get("prometheus.io/path", "/metrics"),
+                     "static_configs": [{"targets": [f"127.0.0.1:{p}"], "labels": {"pod": name}} for name, p in slots.items()]})
+    monitor = manifests.service_monitor()
+    if both and monitor is not None:
+        endpoint = monitor["spec"]["endpoints"][0]
+        assert endpoint["port"] == manifests.main()["ports"][0]["name"], "the ServiceMonitor scrapes the serving port"
+        labels = {"service": monitor["metadata"]["name"], "endpoint": endpoint["port"]}
+        jobs.append({"job_name": f"serviceMonitor/{NAMESPACE}/{monitor['metadata']['name']}/0", "scrape_interval": interval,
+                     "scrape_timeout": interval, "metrics_path": endpoint.get("path", "/metrics"),
+                     "static_configs": [{"targets": [f"127.0.0.1:{p}"], "labels": {"pod": name, **labels}}
+                                        for name, p in slots.items()]})
+    return {"global": {"scrape_interval": interval, "evaluation_interval": interval}, "scrape_configs": jobs}
 
 
-def start_prometheus(workdir: Path, manifests: Manifests, slots: Mapping[str, int]) -> Prometheus:
+def start_prometheus(workdir: Path, manifests: Manifests, slots: Mapping[str, int], both: bool = False) -> Prometheus:
+    """Prometheus scraping the pods as the manifests say (both: by the annotations and the ServiceMonitor)."""
     if shutil.which("prometheus") is None:
         raise RuntimeError("prometheus is not installed (make sysdeps)")
     port = free_port()
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(manifests, slots)))
+    config.write_text(yaml.safe_dump(scrape_config(manifests, slots, both=both)))
     proc = subprocess.Popen(
         ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],

@@ -94,7 +94,8 @@ def _replica_sums(pods: list[Pod]) -> dict[str, float]:
     for pod in pods:
         for family in text_string_to_metric_families(httpx.get(pod.url + "/metrics").text):
             for s in family.samples:
-                if s.name in ("specbundle_draft_tokens_total", "specbundle_accepted_tokens_total") or (
+                if s.name in ("specbundle_draft_tokens_total", "specbundle_accepted_tokens_total",
+                              "specbundle_spec_decode_num_draft_tokens_total", "specbundle_spec_decode_num_accepted_tokens_total") or (
                         s.name == "specbundle_requests_total" and s.labels.get("status") == "ok"):
                     sums[s.name] = sums.get(s.name, 0.0) + s.value
     return sums
@@ -110,7 +111,7 @@ def test_the_fleet_serves_only_verified_replicas_and_prometheus_sees_each_digest
     damaged = world.pod("damaged", slots["damaged"], world.damaged_ref, manifests)
     untrusted = world.pod("untrusted", slots["untrusted"], world.refs["1.0.0"], manifests, trusted=world.untrusted)
     lb = start_haproxy(world.base, manifests, slots)
-    prom = start_prometheus(world.base, manifests, slots)
+    prom = start_prometheus(world.base, manifests, slots, both=True)  # the annotations' job and the ServiceMonitor's
     with stopping(lb, prom, *pods, damaged, untrusted):
         for pod in pods + [damaged, untrusted]:
             pod.start()
@@ -121,6 +122,9 @@ def test_the_fleet_serves_only_verified_replicas_and_prometheus_sees_each_digest
             assert result.stderr.strip().splitlines()[-1].startswith(f"error: [{code}]"), result.stderr
         for pod in pods:
             pod.wait_ready()
+            # Readiness: 503 from the port's opening until the pair is loaded, then 200; liveness: 200 while it moves.
+            assert set(pod.readiness_seen) <= {503, 200} and pod.readiness_seen[-1] == 200, pod.readiness_seen
+            assert pod.probe(manifests.liveness()) == 200
         lb.wait_up({"r0", "r1", "r2"})
 
         with ThreadPoolExecutor(4) as pool:
@@ -131,20 +135,26 @@ def test_the_fleet_serves_only_verified_replicas_and_prometheus_sees_each_digest
         assert {n: stats[n]["status"] for n in ("damaged", "untrusted")} == {"damaged": "DOWN", "untrusted": "DOWN"}
         assert stats["damaged"]["stot"] == stats["untrusted"]["stot"] == "0"  # never routed to
 
-        # Prometheus, over its HTTP API: the fleet's request count, each replica's digest, the acceptance rate.
-        wait_for(lambda: prom.scalar('sum(specbundle_requests_total{status="ok"})') == 12, 30, "Prometheus to count 12 requests")
-        info = prom.query("specbundle_bundle_info")
+        # Prometheus, over its HTTP API, each replica scraped by both shipped jobs: the queries of docs/serving.md
+        # take one series per replica (max by instance) before adding replicas, so nothing is counted twice.
+        wait_for(lambda: prom.scalar('sum(specbundle_requests_total{status="ok"})') == 24, 30, "both jobs to count 12 requests")
+        assert prom.scalar('sum(max by (instance) (specbundle_requests_total{status="ok"}))') == 12
+        info = prom.query("max by (pod, digest) (specbundle_bundle_info)")
         assert sorted(r["metric"]["pod"] for r in info) == ["r0", "r1", "r2"]
         assert {r["metric"]["digest"] for r in info} == {world.digests["1.0.0"]}
         assert prom.targets_up() == {"r0": 1.0, "r1": 1.0, "r2": 1.0, "damaged": 0.0, "untrusted": 0.0}
         sums = _replica_sums(pods)
-        rate = prom.scalar("sum(specbundle_accepted_tokens_total) / sum(specbundle_draft_tokens_total)")
         assert sums["specbundle_draft_tokens_total"] > 0
+        assert sums["specbundle_spec_decode_num_draft_tokens_total"] == sums["specbundle_draft_tokens_total"]
+        rate = prom.scalar("sum(max by (instance) (specbundle_spec_decode_num_accepted_tokens_total))"
+                           " / sum(max by (instance) (specbundle_spec_decode_num_draft_tokens_total))")
         assert rate == pytest.approx(sums["specbundle_accepted_tokens_total"] / sums["specbundle_draft_tokens_total"])
-        # The acceptance per served digest, as docs/deploy.md writes it (counters joined to bundle_info's digest).
+        # The acceptance per served digest (counters joined to bundle_info's digest, one series per replica each).
         per_digest = prom.query(
-            "sum by (digest) (specbundle_accepted_tokens_total * on(instance) group_left(digest) specbundle_bundle_info)"
-            " / sum by (digest) (specbundle_draft_tokens_total * on(instance) group_left(digest) specbundle_bundle_info)")
+            "sum by (digest) (max by (instance) (specbundle_spec_decode_num_accepted_tokens_total)"
+            " * on(instance) group_left(digest) max by (instance, digest) (specbundle_bundle_info))"
+            " / sum by (digest) (max by (instance) (specbundle_spec_decode_num_draft_tokens_total)"
+            " * on(instance) group_left(digest) max by (instance, digest) (specbundle_bundle_info))")
         assert [(r["metric"]["digest"], pytest.approx(float(r["value"][1]))) for r in per_digest] == [(world.digests["1.0.0"], rate)]
 
 
