@@ -135,7 +135,7 @@ def test_the_fleet_serves_only_verified_replicas_and_prometheus_sees_each_digest
         assert {n: stats[n]["status"] for n in ("damaged", "untrusted")} == {"damaged": "DOWN", "untrusted": "DOWN"}
         assert stats["damaged"]["stot"] == stats["untrusted"]["stot"] == "0"  # never routed to
 
-        # Prometheus, over its HTTP API, each replica scraped by both shipped jobs: the queries of docs/serving.md
+        # Prometheus, over its HTTP API, each replica scraped by both shipped jobs: the queries of docs/deploy.md
         # take one series per replica (max by instance) before adding replicas, so nothing is counted twice.
         wait_for(lambda: prom.scalar('sum(specbundle_requests_total{status="ok"})') == 24, 30, "both jobs to count 12 requests")
         assert prom.scalar('sum(max by (instance) (specbundle_requests_total{status="ok"}))') == 12
