@@ -370,3 +370,15 @@ def test_pull_and_fetch_skip_a_referrer_that_is_no_sigstore_bundle(registry: Reg
     fetched = run_bundle("fetch", f"bundle://{ref}", str(tmp_path / "models"), "--plain-http", "--key", str(keypair[1]),
                          "--store", str(tmp_path / "fetch-store"), env=env)
     assert fetched.code == 0, fetched.err
+
+
+def test_inspect_list_sign_and_gc_survive_every_hostile_referrer(tree: Path, store_dir: Path, keypair) -> None:
+    digest = _pack(tree, store_dir, keypair[0])
+    for payload in (_cosign(digest, keypair[0], hint=[]), _cosign(digest, keypair[0], {cosign.EXPIRES_ANNOTATION: "2099-01-01T00:00:00"}),
+                    _cosign(digest, keypair[0], {cosign.EXPIRES_ANNOTATION: {"a": 1}}), b"not json at all", b"[" * 5000):
+        _attach(store_dir, payload)
+    for args in (["inspect", REF, "--key", str(keypair[1])], ["inspect", REF, "--json"], ["list"], ["list", "--json"],
+                 ["sign", REF, "--key", str(keypair[0])], ["gc", "--dry-run"]):
+        result = run_bundle(*args, "--store", str(store_dir))
+        assert result.code == 0 and "Traceback" not in result.err, (args, result.err)
+    assert _verify(store_dir, keypair[1])[0].code == 0
