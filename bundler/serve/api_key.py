@@ -8,7 +8,9 @@ __all__ = ["AUTHENTICATED", "ApiKeyMiddleware", "OPEN_PROBE_PATHS"]
 
 import hmac
 import json
-from typing import Any, Callable
+from typing import Callable
+
+from starlette.types import ASGIApp
 
 from bundler.serve.api_error import ApiError
 
@@ -22,7 +24,7 @@ class ApiKeyMiddleware:
     """Asks for the API key on every path but the status page and, with open_paths, the probes; marks in the
     scope whether the request carried it (/metrics shows more to a request that did)."""
 
-    def __init__(self, app: Any, digest: Callable[[], str | None], api_key: str | None, open_paths: tuple[str, ...] = ()):
+    def __init__(self, app: ASGIApp, digest: Callable[[], str | None], api_key: str | None, open_paths: tuple[str, ...] = ()):
         self.app, self.digest, self.api_key, self.open_paths = app, digest, api_key, open_paths
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp
 
 from bundler.serve import answers
 from bundler.serve import openai_requests as serve_requests
@@ -35,7 +36,7 @@ STATIC = Path(__file__).with_name("static")
 API_PREFIXES = ("/v1", "/openai/v1")  # OpenAI's, and KServe's for the same routes
 
 
-def build_app(serving: Serving) -> Any:
+def build_app(serving: Serving) -> ASGIApp:
     """The FastAPI app over the server's state, behind the API key and the request guard."""
     app = FastAPI(title="specbundle", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app, serving)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from bundler.serve.api_error import ApiError
+from runner.pair import LoadedPair
 
 DEFAULT_MAX_BODY = 1 << 20  # `--max-body`: 1 MiB holds any prompt the served context takes
 MAX_DEPTH = 32  # a chat body nests 6 deep (body, messages, message, content, part, text)
@@ -218,7 +219,7 @@ def check_prompt_bytes(request: CompletionRequest, byte_limit: int | None, max_p
                        code="context_length_exceeded")
 
 
-def prompt_ids(pair: Any, request: CompletionRequest, max_prompt_tokens: int) -> list[int]:
+def prompt_ids(pair: LoadedPair, request: CompletionRequest, max_prompt_tokens: int) -> list[int]:
     """The request's prompt as ids (chat through the bundle's bounded chat template), checked against the
     context. Slow (tokenizing, rendering): run it in a thread, never on the event loop."""
     from core.errors import BundleError

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from starlette.types import ASGIApp
+
 from bundler.serve.api_error import ApiError
 from bundler.serve.openai_requests import DEFAULT_MAX_BODY
 
@@ -102,7 +104,7 @@ class ServeLimits:
 class RequestGuard:
     """Pure ASGI middleware: Host, Origin, Content-Type and the body bound (see the module docstring)."""
 
-    def __init__(self, app: Any, limits: ServeLimits, on_refused: Callable[[int], None] | None = None):
+    def __init__(self, app: ASGIApp, limits: ServeLimits, on_refused: Callable[[int], None] | None = None):
         self.app, self.limits, self.on_refused = app, limits, on_refused
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
