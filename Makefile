@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo sysdeps jsdeps install bench clean
+.PHONY: test demo sysdeps jsdeps install bench clean image
 
 # llama-cpp-python (the llama.cpp engine for GGUF bundles) is built from its sdist with this CPU's own
 # vector extensions (about 5 minutes on 2 AVX2 cores; pip's wheel cache makes later installs instant).
@@ -42,6 +42,11 @@ test: $(STAMP) sysdeps jsdeps
 
 demo: $(STAMP)
 	bash demo/demo.sh
+
+# The container image (deploy/Containerfile) built on this machine from a locally made Debian base, with the wheels
+# cached under ~/.cache/specbundle (deploy/image.sh). Its slow test: .venv/bin/python -m pytest -m slow tests/test_image_slow.py
+image: $(STAMP)
+	PYTHON=$(PY) bash deploy/image.sh
 
 bench: $(STAMP) sysdeps
 	$(PY) benchmarks/pack.py
