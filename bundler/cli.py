@@ -650,6 +650,7 @@ def _expected(from_dir: str | None, expect: str | None) -> Any:
 @click.option("--max-k", default=8, show_default=True, type=click.IntRange(1, 32), help="Try proposal lengths 1..N.")
 @click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts of each set.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20), help="Rounds over the prompts, pooled.")
 @click.option("--device", callback=_device, help="cpu, cuda or cuda:N (default: cuda when available).")
 @click.option("-f", "--file", "kitfile", type=click.Path(dir_okay=False), help="The context's Kitfile, when not CONTEXT/Kitfile.")
 @click.option("--write", is_flag=True, help="Put the chosen settings into the context's Kitfile (a context only).")
@@ -657,7 +658,8 @@ def _expected(from_dir: str | None, expect: str | None) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="The table and the choice as one JSON object on stdout.")
 @command
 def tune(store: Store, target: str, prompts_file: str | None, held_out: str | None, drafts: tuple[str, ...], max_k: int, limit: int | None,
-         max_new_tokens: int, device: str | None, kitfile: str | None, write: bool, key_paths: tuple[str, ...], as_json: bool) -> None:
+         max_new_tokens: int, repeat: int, device: str | None, kitfile: str | None, write: bool, key_paths: tuple[str, ...],
+         as_json: bool) -> None:
     """Measure each speculation method, draft length and candidate draft on TARGET (a context directory
     before `pack`, or a stored bundle REF, verified as `run` verifies it): acceptance per position and
     tokens/s on this machine; print the table and the choice, checked on held-out prompts."""
@@ -675,7 +677,8 @@ def tune(store: Store, target: str, prompts_file: str | None, held_out: str | No
     else:
         prompts, held = split_held_out(prompts)
     say = None if as_json else (lambda msg: click.echo(f"… {msg}", err=True))
-    options = TuneOptions(prompts[:limit], held[:limit], tuple(Path(d) for d in drafts), tuple(range(1, max_k + 1)), max_new_tokens, device, say)
+    options = TuneOptions(prompts[:limit], held[:limit], tuple(Path(d) for d in drafts), tuple(range(1, max_k + 1)), max_new_tokens, repeat,
+                          device, say)
     if is_context:
         result = tune_context(Path(target), options, write=write, kitfile=Path(kitfile) if kitfile else None)
     else:

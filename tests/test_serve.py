@@ -305,7 +305,9 @@ def moody(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]):
     """A draft that is the target except for the letter z, whose input embedding is scrambled (both models'
     output heads untied, so the head is the same): it agrees on every prompt without a z, on none of z's."""
     base = tmp_path_factory.mktemp("serve-moody")
-    paths = make_pair(base / "ctx", speculative={"draft_tokens": 3, "min_acceptance": 0.5, "min_size_ratio": 1, "guard": False})
+    # the draft model alone proposes: health follows its acceptance (prompt lookup would accept on "zzzz zzzz")
+    paths = make_pair(base / "ctx", speculative={"draft_tokens": 3, "min_acceptance": 0.5, "min_size_ratio": 1, "guard": False,
+                                                 "methods": ["draft"]})
     model = AutoModelForCausalLM.from_pretrained(paths["target"])
     model.config.tie_word_embeddings = False
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())

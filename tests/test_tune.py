@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_bundle
+from conftest import assert_matches_schema, run_bundle
 from tests.tinymodels import make_pair
 
 FAST = ("--max-k", "2", "--max-new-tokens", "6", "--limit", "1")
@@ -27,6 +27,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_tune_json_has_a_row_for_every_method_k_and_draft(pairs: dict[str, Path], tmp_path: Path) -> None:
     result = run_bundle("tune", str(pairs["ctx"]), *FAST, "--draft", str(pairs["candidate"]), "--json", check=True)
     out = json.loads(result.out)
+    assert_matches_schema(out, "tune-report")
     rows = {(r["method"], r["k"], r["draft"]) for r in out["rows"]}
     drafts = ["bundle", str(pairs["candidate"])]
     expected = {("plain", 0, None)}

@@ -32,6 +32,7 @@ class TuneOptions:
     drafts: Sequence[Path] = ()
     ks: Sequence[int] = tuple(range(1, 9))
     max_new_tokens: int = 64
+    repeat: int = 1  # rounds over the prompts, pooled
     device: str | None = None
     progress: Callable[[str], None] | None = None
 
@@ -120,14 +121,15 @@ def _tune(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], optio
     grid = settings_grid(base.methods, options.ks, list(drafts))
     measure = lambda prompts: measure_settings(  # noqa: E731
         pair.target, drafts, base, grid, [pair.prompt_ids(p) for p in prompts], eos=pair.eos_ids, vocab=pair.vocab_size,
-        max_new_tokens=options.max_new_tokens, progress=options.progress)
+        max_new_tokens=options.max_new_tokens, repeat=options.repeat, progress=options.progress)
     tuned = measure(options.prompts)
     choice = tuned.best(speculative_only=True)
     held = measure(options.held_out) if options.held_out else None
     plain_tps = tuned.plain.tokens_per_second
     return {
         "engine": pair.engine, "dtype": pair.dtype, "device": pair.device, "prompts": len(options.prompts),
-        "held_out_prompts": len(options.held_out), "max_new_tokens": options.max_new_tokens, "ks": list(options.ks),
+        "held_out_prompts": len(options.held_out), "max_new_tokens": options.max_new_tokens, "repeat": options.repeat,
+        "ks": list(options.ks),
         "drafts": list(drafts),
         "rows": [{"setting": r.setting.label(), **r.as_dict(plain_tps)} for r in tuned.rows],
         "choice": {"setting": choice.setting.label(), **choice.as_dict(plain_tps)},

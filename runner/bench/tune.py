@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runner.bench.runs import Run, timed
+from runner.bench.runs import Run, interleaved_rounds, pooled
 from runner.decoding.settings import DecodingSettings
 
 HELD_OUT_TOLERANCE = 0.05  # the choice's held-out speed may trail the best setting there by this share
@@ -124,18 +124,18 @@ def _row(setting: Setting, run: Run) -> Row:
 
 
 def measure_settings(target, drafts: Mapping[str, Any], base: DecodingSettings, grid: Sequence[Setting], ids: Sequence[list[int]],
-                     *, eos: set[int], vocab: int | None, max_new_tokens: int,
+                     *, eos: set[int], vocab: int | None, max_new_tokens: int, repeat: int = 1,
                      progress: Callable[[str], None] | None = None) -> TuneResult:
-    """Each setting of `grid` over every prompt (a warm-up generation first). drafts: name -> loaded draft
-    model (empty for a draft-free pair)."""
+    """Every setting of `grid` on every prompt, prompt by prompt with the settings' order rotating
+    (runner.bench.runs.interleaved_rounds: a machine that speeds up or slows down moves every setting
+    alike), `repeat` rounds pooled, after a warm-up of each model. drafts: name -> loaded draft model
+    (empty for a draft-free pair)."""
     say = progress or (lambda _msg: None)
-    rows: list[Row] = []
-    warm = _generator(target, drafts, base, Setting(PLAIN), eos, vocab, 8)
-    warm(list(ids[0]))
-    for n, setting in enumerate(grid, 1):
-        say(f"setting {n}/{len(grid)}: {setting.label()}")
-        rows.append(_row(setting, timed(ids, _generator(target, drafts, base, setting, eos, vocab, max_new_tokens))))
-    return TuneResult(rows)
+    for model in (target, *drafts.values()):
+        _generator(model, {}, base, Setting(PLAIN), eos, vocab, 8)(list(ids[0]))
+    generators = {s.label(): _generator(target, drafts, base, s, eos, vocab, max_new_tokens) for s in grid}
+    rounds = interleaved_rounds(generators, ids, repeat, say)
+    return TuneResult([_row(s, pooled([rnd[s.label()] for rnd in rounds])) for s in grid])
 
 
 def held_out_check(held_out: TuneResult, choice: Setting) -> dict[str, Any]:
