@@ -162,9 +162,10 @@ class Step:
         cap = s.guard.k_cap if s.guard is not None else s.max_k  # the caches have room for max_k + 1 at once
         method = s.guard.method(s.methods) if s.guard is not None else s.methods[0]
         if method != "draft" and s.proposer is not None:
-            proposal = s.proposer.propose(min(self.ngram_tokens, cap, remaining))
+            longest = min(self.ngram_tokens, cap, remaining)
+            proposal = s.proposer.propose(longest) if longest > 0 else []
             proposal = proposal[: next((i for i, t in enumerate(proposal) if t >= s.sampler.vocab_size), len(proposal))]
-            if s.guard is not None:
+            if s.guard is not None and longest > 0:
                 s.guard.looked_up(bool(proposal))
             if proposal:
                 return Plan(s.seq, "ngram", len(proposal), tuple(proposal))
