@@ -1,1 +1,2 @@
-"""Decoding: the speculative loop, its statistics, the run history and continuous batching."""
+"""Decoding: the one speculative step (step.py) run over one sequence (speculative.py) or many (batching.py), its
+acceptance rule, proposers, guard and statistics, and the run history."""

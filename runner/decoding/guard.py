@@ -1,7 +1,7 @@
-"""The guard of the speculative loop: when to draft, when to fall back to plain decoding, and why.
+"""The guard of the speculative step: when to propose, with which method, when to fall back to plain decoding, and why.
 
-runner.decoding.speculative's loop (and runner.decoding.batching's, per sequence) asks `Guard.drafting`
-before each iteration and reports each speculative iteration to `Guard.observe`; the guard keeps its
+runner.decoding.step's plan asks `Guard.drafting` before each step of a sequence (and `Guard.method` which
+allowed method proposes); each speculative iteration is reported to `Guard.observe`. The guard keeps its
 verdicts in the generation's Stats (`fallback`, `predicted_speedup`).
 """
 
