@@ -71,14 +71,19 @@ def test_hostile_referrers_response_is_a_registry_error(packed: Path, tmp_path: 
     assert _store_empty(store)
 
 
-def test_thousands_of_referrers_cost_at_most_16_requests(packed: Path, tmp_path: Path, keypair) -> None:
+def test_thousands_of_referrers_cost_at_most_32_requests(packed: Path, tmp_path: Path, keypair) -> None:
+    """2 x MAX_SIGNATURES listed referrers are read, each missing one skipped (one bad referrer must not end
+    the pull: issue #40), the rest never asked for."""
+    from bundler.trust.verify import MAX_SIGNATURES
+
     fake = [{"mediaType": OCI_MANIFEST, "digest": f"sha256:{i:064x}", "size": 100, "artifactType": "application/vnd.dev.sigstore.bundle.v0.3+json"} for i in range(3000)]
     listing = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": fake}).encode()
     route = _bundle_route(packed, lambda req: Reply(200, {"Content-Type": OCI_INDEX}, listing) if "/referrers/" in req.path else None)
     with hostile(route) as reg:
         result, store = _pull(reg.host, tmp_path, "--key", str(keypair[1]), env=_env(tmp_path, BUNDLE_RETRIES="0"))
     assert result.code in (3, 5) and result.err.startswith("error: ["), result.err
-    assert len([r for r in reg.seen if "/manifests/sha256:" in r.path]) <= 16
+    assert result.err.startswith("error: [signature-missing] "), result.err
+    assert len([r for r in reg.seen if "/manifests/sha256:" in r.path]) <= 2 * MAX_SIGNATURES
     assert _store_empty(store)
 
 
