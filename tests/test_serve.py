@@ -477,3 +477,20 @@ def server_key(server: Server) -> Path:
     """The public key the server was started with (its command line)."""
     args = server.proc.args
     return Path(args[args.index("--key") + 1])
+
+
+def test_a_pair_our_compact_forward_does_not_run_is_served_one_request_at_a_time_as_bundle_run(tmp_path: Path, keypair) -> None:
+    """Gemma2 runs through transformers, so the serial worker serves it: the same life cycle (greedy text as
+    `bundle run`'s, a stop string cut once and reported as the finish reason, the counters)."""
+    store = _pack(tmp_path, keypair, arch="gemma2", speculative={"draft_tokens": 3})
+    srv = Server(store, keypair[1])
+    try:
+        assert "sequences" not in httpx.get(srv.url + "/status.json").json()["live"]  # not batched
+        whole = srv.client().completions.create(model=REF, prompt="hello there", max_tokens=12, temperature=0).choices[0]
+        stop = whole.text[4:6]
+        cut = srv.client().completions.create(model=REF, prompt="hello there", max_tokens=12, temperature=0, stop=[stop]).choices[0]
+        counted = srv.metrics()[("specbundle_requests_total", (("status", "ok"),))]
+    finally:
+        assert srv.stop() == 0
+    assert whole.text == _run(srv, keypair, "hello there", 12, raw=True) and whole.finish_reason in ("length", "stop")
+    assert (cut.text, cut.finish_reason) == (whole.text[: whole.text.find(stop)], "stop") and counted == 2
