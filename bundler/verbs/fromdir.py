@@ -35,7 +35,7 @@ from bundler.format.kitfile import Kitfile, kitfile_from_data
 from bundler.format.tarwrite import write_layer
 from bundler.store.layout import MAX_JSON_BLOB, Store
 from bundler.store.modelkit import strip_layer_info
-from bundler.store.refs import parse_ref
+from bundler.store.refs import STORAGE_SCHEMES, parse_ref, without_userinfo
 from bundler.trust import cosign, signature
 from bundler.trust.releases import ROLLBACK_STATE, memory, remember, version_key
 from bundler.trust.verify import check_expiry, check_files
@@ -45,7 +45,7 @@ EVIDENCE = ".specbundle"  # beside the bundle's files: what fetch verified, for 
 MANIFEST, CONFIG, SIGNATURE, ORIGIN = "manifest.json", "config.json", "signature.json", "origin.json"
 HASH_WORKERS = 4  # hashlib releases the GIL: files hash in parallel
 COPY_CHUNK = 1 << 20
-URI_SCHEMES = ("bundle://", "kit://")  # the storage URI forms --expect takes besides a reference
+URI_SCHEMES = STORAGE_SCHEMES  # the storage URI forms --expect takes besides a reference
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # A version tag as verify reads one (bundler.trust.verify): `v` optional, `_` standing for SemVer's `+`.
 _VERSION_TAG = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
@@ -92,7 +92,7 @@ def parse_expected(text: str) -> Expected:
             break
     else:
         if "://" in rest:
-            raise BundleError("usage", f"--expect {text!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
+            raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
     try:
         ref = parse_ref(rest)
     except BundleError as err:
