@@ -14,6 +14,7 @@ import pytest
 
 from conftest import run_bundle
 from runner.checks.cpus import cgroup_cpu_quota, usable_cpus
+from tests.test_gguf_bench import gguf_context
 from tests.tinymodels import make_pair
 
 REF = "tiny-spec:1.0.0"
@@ -59,13 +60,14 @@ def test_unreadable_or_malformed_files_set_no_quota(tmp_path: Path) -> None:
     assert usable_cpus(1, tmp_path / "absent", root) == 1
 
 
-@pytest.fixture(scope="module")
-def signed(tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("cpus")
-    make_pair(base / "ctx")
+@pytest.fixture(scope="module", params=["torch", "gguf"])
+def signed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, keypair: tuple[Path, Path]) -> dict[str, Path]:
+    """A signed tiny pair on each engine: torch (safetensors) and llama.cpp (GGUF)."""
+    base = tmp_path_factory.mktemp(f"cpus-{request.param}")
+    (make_pair if request.param == "torch" else gguf_context)(base / "ctx")
     store = base / "store"
     run_bundle("pack", str(base / "ctx"), "-t", REF, "--key", str(keypair[0]), "--store", str(store), check=True)
-    return {"base": base, "store": store}
+    return {"base": base, "store": store, "engine": request.param}
 
 
 def _run_json(signed: dict[str, Path], pub: Path, prefix: list[str], env: dict[str, str]) -> dict:
@@ -73,7 +75,9 @@ def _run_json(signed: dict[str, Path], pub: Path, prefix: list[str], env: dict[s
             "--key", str(pub), "--store", str(signed["store"]), "--json"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, **env})
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    report = json.loads(out.stdout)
+    assert report["engine"] == {"torch": "torch", "gguf": "llama.cpp"}[signed["engine"]]
+    return report
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) is not installed")
