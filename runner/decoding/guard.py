@@ -70,6 +70,7 @@ class Guard:
         self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
         self.by_method: dict[str, list[float]] = {}  # per kind of proposal: a decaying [accepted, rejections]
         self.lookups = [0.0, 0.0]  # n-gram lookups: a decaying [matched, looked]
+        self._kinds, self._kinds_at = (math.inf, math.inf), (-1, -1)  # the kinds' predicted speed-ups, and when
 
     def drafting(self, produced: int) -> bool:
         """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
@@ -129,7 +130,10 @@ class Guard:
         "ngram+draft" lets the draft model propose)."""
         if len(methods) == 1:
             return methods[0]
-        ngram, draft = self._kind_speedup("ngram"), self._kind_speedup("draft")
+        seen = (self.stats.speculative_iterations, self.stats.steps_timed)  # what the predictions depend on
+        if self._kinds_at != seen:
+            self._kinds, self._kinds_at = (self._kind_speedup("ngram"), self._kind_speedup("draft")), seen
+        ngram, draft = self._kinds
         matched, looked = self.lookups
         m = matched / looked if looked else 0.5
         def mix(when_matched: float, otherwise: float) -> float:  # no 0 * inf
