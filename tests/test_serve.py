@@ -195,8 +195,8 @@ def test_metrics_parse_and_add_up_to_the_requests_made(server: Server) -> None:
     drafts = after[("specbundle_spec_decode_num_drafts_total", ())]
     assert 0 < drafts <= after[("specbundle_spec_decode_num_draft_tokens_total", ())]
     assert drafts == after[("specbundle_spec_decode_num_draft_tokens_per_pos_total", (("position", "1"),))]
-    assert ("specbundle_queue_depth", ()) in after and ("specbundle_acceptance_ratio", ()) in after
-    assert not any(k[0].endswith("_rate") for k in after)  # a ratio gauge says so: *_ratio
+    assert ("specbundle_queue_depth", ()) in after and ("specbundle_acceptance_ratio", ()) in after and ("specbundle_acceptance_rate", ()) in after
+    assert [k for k in after if k[0].endswith("_rate")] == [("specbundle_acceptance_rate", ())]  # the contract's gauge; any other ratio is *_ratio
     assert ("process_resident_memory_bytes", ()) in after and any(k[0] == "python_info" for k in after)
 
 

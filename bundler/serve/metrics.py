@@ -67,6 +67,9 @@ class Metrics:
                                   "has its own count).", ["position"], registry=r)
         self.acceptance = Gauge("specbundle_acceptance_ratio", f"Accepted/drafted over the last {HEALTH_WINDOW} requests "
                                 "(what /health judges; for a fleet, divide the counters).", registry=r)
+        # CONTRACT.md names the same gauge specbundle_acceptance_rate: kept for the dashboards that read it.
+        self.acceptance_rate = Gauge("specbundle_acceptance_rate", "The same as specbundle_acceptance_ratio (the "
+                                     "contract's name).", registry=r)
         self.fallbacks = Counter("specbundle_fallbacks", "Requests in which the guard fell back to plain decoding.", registry=r)
         self.queue_depth = Gauge("specbundle_queue_depth", "Requests waiting for the decoding worker.", registry=r)
         self.ttft = Histogram("specbundle_time_to_first_token_seconds", "From enqueue to the first token.", registry=r,
@@ -122,8 +125,8 @@ class HealthWindow:
     """The last HEALTH_WINDOW requests' drafted, accepted, fallback and tokens/s: what /health judges and the
     status page shows."""
 
-    def __init__(self, min_acceptance: float, gauge: Gauge) -> None:
-        self.min_acceptance, self.gauge = min_acceptance, gauge
+    def __init__(self, min_acceptance: float, *gauges: Gauge) -> None:
+        self.min_acceptance, self.gauges = min_acceptance, gauges
         self.window: collections.deque[tuple[int, int, bool]] = collections.deque(maxlen=HEALTH_WINDOW)
         self.recent_tps: collections.deque[float] = collections.deque(maxlen=HEALTH_WINDOW)
         self.lock = threading.Lock()
@@ -134,7 +137,8 @@ class HealthWindow:
             if stats.get("tokens_per_second"):
                 self.recent_tps.append(float(stats["tokens_per_second"]))
             rate = self._acceptance()
-        self.gauge.set(rate if rate is not None else 0.0)
+        for gauge in self.gauges:
+            gauge.set(rate if rate is not None else 0.0)
 
     def _acceptance(self) -> float | None:
         drafted = sum(d for d, _, _ in self.window)

@@ -29,7 +29,7 @@ class Requests:
 
     def __init__(self, pair: LoadedPair, metrics: Metrics, max_queue: int, on_record: OnRecord | None = None) -> None:
         self.pair, self.metrics, self.on_record = pair, metrics, on_record
-        self.health = HealthWindow(pair.settings.min_acceptance, metrics.acceptance)
+        self.health = HealthWindow(pair.settings.min_acceptance, metrics.acceptance, metrics.acceptance_rate)
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.progress = Progress()
         self.active = 0  # requests admitted and not yet finished
