@@ -45,9 +45,8 @@ class Outbox:
 
     Why: waking the event loop wakes a thread that wants the GIL at once; the worker, still in the step's Python
     (the other sequences' tokens, the guard, the next step's rows), then waited for it to finish its own share of
-    Python. Woken just before a pass, the loop has the GIL while llama.cpp (or torch) computes without it. At one
-    client on the GGUF demo (2-core AVX2 EPYC) a third of the worker's time outside the pass went to that wake-up
-    (py-spy). One wake-up per step also serves all the step's requests instead of one each."""
+    Python. Woken just before a pass, the loop has the GIL while llama.cpp (or torch) computes without it (the figure:
+    docs/benchmarks.md). One wake-up per step also serves all the step's requests instead of one each."""
 
     def __init__(self) -> None:
         self.pending: list[tuple[Job, str, Any]] = []
