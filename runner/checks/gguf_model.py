@@ -99,9 +99,8 @@ class _Header:
     """A GGUF header read from its bytes, bounds-checked at every step, refusing what llama.cpp's own reader
     (ggml/src/gguf.cpp) refuses: nested arrays, duplicate keys and tensor names, more than 4 dimensions.
 
-    Why not gguf.GGUFReader: it builds numpy views for every element of every array, and a 49152-token
-    vocabulary with its merges took 5 s per file on this CPU (10 of the 11.5 s before the GGUF demo's first
-    token); this reads the same values in about 0.1 s. tests/test_gguf_bundle.py checks both agree.
+    Why not gguf.GGUFReader: it builds numpy views for every element of every array, most of the time to a
+    GGUF bundle's first token for a real vocabulary (docs/benchmarks.md). tests/test_gguf_bundle.py checks both agree.
     Memory: an array that is not kept is stepped over without building anything; a kept one is built as its
     final list directly (no intermediate tuple), so the reader holds about what it returns
     (tests/test_gguf_hostile.py measures it)."""
