@@ -175,8 +175,8 @@ def load_spec(tokenizer_dir_or_json: Path) -> TokenizerSpec:
     a SentencePiece tokenizer.model is read by `load_sentencepiece_spec`.
 
     Parsed once per content in a process: the gate, the config check and the runner each ask for the same
-    directory, and parsing a large tokenizer.json costs a hundred times hashing it (docs/benchmarks.md). The key is the sha256 of every file a spec is read from, so a changed file is read
-    again however quickly it changed. Callers treat a spec as read-only."""
+    directory, and parsing a large tokenizer.json costs a hundred times hashing it (docs/benchmarks.md). The
+    key is the sha256 of every file a spec is read from, so a changed file is read again however quickly it changed. Callers treat a spec as read-only."""
     path = Path(tokenizer_dir_or_json)
     directory = path if path.is_dir() else path.parent
     sources = [path] if path.is_file() else []
