@@ -103,7 +103,7 @@ class _Header:
     GGUF bundle's first token for a real vocabulary (docs/benchmarks.md). tests/test_gguf_bundle.py checks both agree.
     Memory: an array that is not kept is stepped over without building anything; a kept one is built as its
     final list directly (no intermediate tuple), so the reader holds about what it returns
-    (tests/test_gguf_hostile.py measures it)."""
+    (tests/test_hostile_gguf.py measures it)."""
 
     def __init__(self, data: memoryview) -> None:
         self.data, self.at = data, 0
