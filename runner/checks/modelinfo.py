@@ -144,7 +144,7 @@ POSITIVE_FLOAT_FIELDS = ("rms_norm_eps", "layer_norm_eps", "rope_theta")
 
 
 # The model types runner.models.compact_llama runs (transformers' causal LMs all three): checking them needs no
-# transformers import (1.5 s on this CPU).
+# transformers import (seconds: docs/benchmarks.md).
 COMPACT_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
