@@ -1,11 +1,9 @@
 """The guard's memory across runs: a draft that has stopped paying for a bundle on this machine is not tried
 again on every run.
 
-Why: where a verify pass costs nearly a target step per token (the Q4_1 GGUF demo on a 2-core AVX2 EPYC:
-a 4-token llama.cpp pass costs 3.5 single steps, so no acceptance rate can pay), the guard finds out on
+Why: where a verify pass costs nearly a target step per token (no acceptance rate can pay), the guard finds out on
 every run that the draft does not pay, and finding out costs the draft's prefill of the prompt and one
-speculative iteration: about 2.3 target steps a run, 1.6 to 2.4% of a 128-token answer (benchmarks on that
-CPU, in the README). A run of a bundle whose last UNPAID_RUNS runs on this machine all fell back for good
+speculative iteration a run (the figures: docs/benchmarks.md). A run of a bundle whose last UNPAID_RUNS runs on this machine all fell back for good
 (the guard switched to plain decoding and no trial resumed speculation) decodes plainly from the first
 token, with no trial, and says so in its `fallback`; now and then a run speculates as usual (explores), so a
 draft that pays again (other prompts, another machine under the same name, a new engine) is found: every
