@@ -166,7 +166,7 @@ class BatchedGenerator:
 
         Why closeness first: llama.cpp (kv_unified off) runs a batch's attention over every sequence between
         the lowest and the highest id in it, idle ones too, so 4 requests on ids 0, 2, 5 and 7 of 8 cost a
-        step 1.5x what they cost on ids 0-3 (77 against 51 ms, the GGUF demo, AVX2 EPYC; docs/serving.md). A
+        step more than on ids 0-3 (docs/benchmarks.md). A
         cached prefix saves its prefill once; a wider batch costs at every step of the request."""
         active = [seq for seq, s in enumerate(self.slots) if s is not None]
         free = [seq for seq, s in enumerate(self.slots) if s is None]
