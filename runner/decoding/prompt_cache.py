@@ -6,7 +6,7 @@ Why: with `cache_prompts` a finished request's cells stay in its sequence id onl
 that id; at 8 busy sequences that is at once, so a conversation's next turn found its history gone and
 prefilled all of it again, while llama-server (`--cache-ram`, on by default, 8 GiB) restores it from a copy
 in memory. What the copy saves is the prefill, which on a CPU costs nearly what decoding costs per token
-(the Q4_1 GGUF demo on a 2-core AVX2 EPYC: 3.5 ms a prompt token at 8 sequences, 4.9 ms a decoded one).
+(docs/benchmarks.md).
 
 How (after llama-server's policy, read, not copied: tools/server's `prompt_save`/`prompt_load`): when a new
 request takes an id whose cells it would mostly discard (it keeps less than half of them), those cells are
