@@ -57,8 +57,7 @@ class PromptCache:
 
     Every request compares its prompt with every entry (three times: is the id's content held already, which
     entries a new copy contains, which entry to restore), and at the default size a small model's cache holds
-    thousands (8 GiB of 3.7 MiB copies): one entry at a time that took 70 ms a request at 2000 entries, in the
-    worker, between two passes. So the entries' first HEAD tokens are kept as rows of one array and compared
+    thousands (8 GiB of 3.7 MiB copies), too slow one entry at a time in the worker between two passes. So the entries' first HEAD tokens are kept as rows of one array and compared
     with the prompt at once; only entries that share all HEAD tokens are compared further, one by one."""
 
     def __init__(self, limit: int) -> None:
