@@ -134,8 +134,7 @@ def version() -> str:
 class LogitsBuffer:
     """A llama.cpp context's logits buffer as a numpy array of its first n rows (each of `vocab_size` floats),
     a view valid until the context's next decode. The views are kept for the buffer's address: numpy's as_array
-    makes a ctypes array type each call (8% of a batched step's Python besides the pass at one sequence,
-    py-spy); llama.cpp moves the buffer only when it grows it, and the old views then go."""
+    makes a ctypes array type each call, a visible share of a step's Python (docs/benchmarks.md); llama.cpp moves the buffer only when it grows it, and the old views then go."""
 
     def __init__(self, lib, ctx, vocab_size: int) -> None:  # lib: the llama_cpp module; ctx: its context
         self._lib, self._ctx, self._vocab_size = lib, ctx, vocab_size
