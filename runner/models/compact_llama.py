@@ -1,10 +1,8 @@
 """Llama models (target and draft) stepped by a forward pass of our own, with a KV cache of our own.
 
 Why not transformers' forward: it adds fixed work around every call (mask construction, cache objects,
-the rotary module, output classes), and the decoding loop makes one call per token. A 2-layer, 256-wide
-draft does about 1 ms of matrix work per step on this CPU and transformers added more than that; the
-30-layer demo target takes 36 ms per step through transformers and 32 through this forward (bf16, 2
-threads). The logits are transformers' bit for bit, in bf16 too: the same operations in the same order,
+the rotary module, output classes), and the decoding loop makes one call per token: for a small draft that
+work outweighs its matrix work (docs/benchmarks.md). The logits are transformers' bit for bit, in bf16 too: the same operations in the same order,
 the same rotary frequencies, attention called the way transformers' SDPA path calls it. It runs only the
 architecture it implements exactly (`supports`: Llama, Qwen2 (q/k/v biases) and Mistral with full
 attention, SiLU MLP, default RoPE); tests check its logits against transformers' on the same weights. Any other model runs through transformers.
