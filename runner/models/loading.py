@@ -129,10 +129,8 @@ def _import_torch(dtype: str, read: ReadBytes):
 
 def _buffer(size: int) -> mmap.mmap | bytearray:
     """A writable buffer of `size` bytes: private anonymous memory, its pages mapped as the read fills them.
-    Not MAP_POPULATE: measured here (2-core AMD EPYC, transparent huge pages on), populating the two 1 GiB
-    shards of the 1B-class target took 0.8 to 4.1 s from one run to the next, and 4.7 s each when the two
-    reading threads did it at once; faulting the pages in during the read took 1.5 to 1.9 s for both shards,
-    read and hashed in parallel. A bytearray first zeroes every byte in Python (1.74 s per GiB)."""
+    Not MAP_POPULATE: populating up front was slower and far less steady than faulting the pages in during the
+    parallel read and hash; a bytearray first zeroes every byte in Python (docs/benchmarks.md)."""
     if size and hasattr(mmap, "MAP_PRIVATE"):
         return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return bytearray(size)
