@@ -35,7 +35,7 @@ from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, 
 
 def _torch_has_cuda() -> bool:
     """Whether the installed torch is a CUDA (or ROCm) build, from its version.py, without importing torch
-    (2.3 s on this CPU): a CPU build can use no GPU, so `bundle run` then starts reading the weights before
+    (seconds: docs/benchmarks.md): a CPU build can use no GPU, so `bundle run` then starts reading the weights before
     torch is imported, and the import overlaps the read (runner.models.loading). Unreadable: assume it may."""
     import importlib.util
     import re
