@@ -300,12 +300,12 @@ def measure_torch(folder: Path, context: int, reps: int, threads: int) -> dict:
 
 
 def measure_llama_bench(path: Path, context: int, reps: int, threads: int) -> dict:
-    """llama-bench (llama.cpp's C++ alone, as llama-server runs it): -p over the verify sizes and -n 16 after a
+    """llama-bench (llama.cpp's C++ alone, as llama-server runs it): -p over the verify sizes and -n 8 after a
     context of `context` tokens (-d), and the prefill of `context` tokens from empty."""
     bench = llamacpp_tools.tool("llama-bench", build=True)
     common = [str(bench), "-m", str(path), "-t", str(threads), "-r", str(reps), "-o", "json", "-b", "512", "-ub", "512"]
     passes = json.loads(subprocess.run(
-        [*common, "-p", ",".join(str(k + 1) for k in KS), "-n", "16", "-d", str(context)],
+        [*common, "-p", ",".join(str(k + 1) for k in KS), "-n", "8", "-d", str(context)],
         check=True, capture_output=True, text=True).stdout)
     prefill = json.loads(subprocess.run([*common, "-p", str(context), "-n", "0", "-d", "0", "-r", str(max(3, reps // 4))],
                                         check=True, capture_output=True, text=True).stdout)
@@ -419,7 +419,7 @@ def report(results: dict, ratio: float = 12.0) -> list[str]:
             lines += ["", f"### {engine}, {quant}", "", *_model_rows(rows), "",
                       *_pair_rows(table, engine, quant, results["pairs"], results["models"]), ""]
             sizes = [pays_from(table, engine, quant, a, ratio) for a in DEMO_ACCEPTANCE]
-            pays = [f"a={a}: {_fmt(None if s is None else s / 1e9)}B" for a, s in zip(DEMO_ACCEPTANCE, sizes)]
+            pays = [f"a={a}: " + ("-" if s is None else f"{s / 1e9:.2f}B") for a, s in zip(DEMO_ACCEPTANCE, sizes)]
             lines.append(f"Demo acceptance pays (best k, draft 1/{ratio:g} of the target) from a target of: "
                          + "; ".join(pays) + " (- : no measured size pays).")
     return lines
