@@ -273,7 +273,7 @@ def generate(
         eos_ids=pair.eos_ids,
         vocab_size=pair.vocab_size,
         on_tokens=stream,
-        start_plain=advice,
+        start_plain=advice or pair.plain_reason,
     ))
     end = time.perf_counter()
     first = first_token[0] if first_token else None

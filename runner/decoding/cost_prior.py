@@ -14,13 +14,14 @@ there is no prior (None): the guard then times its own trial steps.
 from __future__ import annotations
 
 __all__ = [
-    "CPU_CLASSES", "SIZE_SLACK", "TABLES", "best_prior_speedup", "break_even_acceptance", "cpu_class", "load_table",
+    "CPU_CLASSES", "SIZE_SLACK", "TABLES", "TABLES_ENV", "best_prior_speedup", "break_even_acceptance", "cpu_class", "load_table",
     "pair_costs", "prior_speedup", "quant_name",
 ]
 
 import functools
 import json
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from runner.decoding.stats import predicted_speedup
 from runner.engines.cpu import cpu_info
 
 TABLES = Path(__file__).with_name("cost_tables")
+TABLES_ENV = "SPECBUNDLE_COST_TABLES"  # another directory of tables (a test's, or a site's own measurements)
 # Fastest first: the first a CPU has names its class (AMX: batched bf16 passes nearly free; AVX-512 BF16:
 # cheap; AVX2: a verify pass grows with its length).
 CPU_CLASSES = {"amx": "AMX-BF16", "avx512_bf16": "AVX-512 BF16", "avx2": "AVX2"}
@@ -66,11 +68,13 @@ def quant_name(quant: str | int) -> str:
     return _QUANT_ALIASES.get(name, name)
 
 
-def load_table(cls: str | None = None, directory: Path = TABLES) -> dict | None:
-    """The cost table of CPU class `cls` (this CPU's when None) from `directory`; None when there is none."""
+def load_table(cls: str | None = None, directory: Path | None = None) -> dict | None:
+    """The cost table of CPU class `cls` (this CPU's when None) from `directory` (default $SPECBUNDLE_COST_TABLES,
+    else the shipped TABLES); None when there is none."""
     cls = cls or cpu_class()
     if cls is None:
         return None
+    directory = directory or Path(os.environ.get(TABLES_ENV) or TABLES)
     path = directory / f"{cls}.json"
     try:
         changed = path.stat().st_mtime_ns

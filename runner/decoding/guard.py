@@ -9,11 +9,12 @@ from __future__ import annotations
 
 __all__ = [
     "Guard", "LOSS_BUDGET", "LOSS_FLOOR", "PATIENCE", "RETRY_AFTER", "TRIAL_ITERATIONS", "TRY_EACH", "WARMUP_ITERATIONS",
-    "parameter_costs",
+    "PRIOR_ACCEPTANCE", "parameter_costs", "prior_verdict",
 ]
 
 import math
 
+from runner.decoding import cost_prior
 from runner.decoding.stats import Stats, best_predicted_speedup
 from runner.engines import as_engine
 
@@ -42,6 +43,26 @@ def parameter_costs(target, draft) -> tuple[float, float]:
     if draft is None:
         return 0.0, 1.0
     return as_engine(draft).parameters / as_engine(target).parameters, 1.0
+
+
+# The acceptance the prior grants a draft model before it has drafted: about the best a well-matched draft
+# reaches on real text. A pair the measured cost table says cannot pay even at it never drafts with the model.
+PRIOR_ACCEPTANCE = 0.9
+
+
+def prior_verdict(engine: str, dtype: str, target, draft, max_k: int, table: dict | None = None) -> str | None:
+    """Why the draft model cannot pay on this CPU, from the measured cost table (runner.decoding.cost_prior)
+    alone, before any step is timed: no k up to max_k reaches a speed-up of 1 even at PRIOR_ACCEPTANCE. None
+    where it may pay, or where no table covers the pair's engine, dtype and sizes (the guard then times it)."""
+    if draft is None:
+        return None
+    target_params, draft_params = as_engine(target).parameters, as_engine(draft).parameters
+    best = cost_prior.best_prior_speedup(engine, dtype, target_params, draft_params, PRIOR_ACCEPTANCE, max_k, table)
+    if best is None or best[0] >= 1.0:
+        return None
+    return (f"the cost table of this CPU says the draft model cannot pay: at best {best[0]:.2f}x at acceptance "
+            f"{PRIOR_ACCEPTANCE:g} (k={best[1]}, {engine} {cost_prior.quant_name(dtype)}, target {target_params / 1e6:.0f}M, "
+            f"draft {draft_params / 1e6:.0f}M parameters)")
 
 
 class Guard:
