@@ -137,10 +137,12 @@ def _layer_specs(data: dict[str, Any], where: str) -> tuple[LayerSpec, ...]:
         count = sum(spec.role == role for spec in specs)
         if count == 0 and role == "draft" and draft_free:
             continue
+        if count == 0 and role == "draft":  # named as the schema's message names it: the part to add, or the way out
+            raise _invalid(where, "no draft part (add `- {name: draft, path: draft/, type: draft}`, or ask for draft-free "
+                                  "speculation: model.parameters.speculative.methods: [ngram])")
         if count != 1:
             what = "missing" if count == 0 else f"given {count} times"
-            raise _invalid(where, f"the {role} role is {what}: a bundle has one target (model.path), one part of type draft and one of type tokenizer"
-                           + (" (a bundle without a draft asks for draft-free speculation: model.parameters.speculative.methods: [ngram])" if role == "draft" and count == 0 else ""))
+            raise _invalid(where, f"the {role} role is {what}: a bundle has one target (model.path), one part of type draft and one of type tokenizer")
     return tuple(specs)
 
 
