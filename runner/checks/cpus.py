@@ -15,13 +15,7 @@ import math
 import os
 from pathlib import Path
 
-from runner.checks.memory import CGROUP_ROOT_ENV
-
-
-def _levels(path: str) -> list[list[str]]:
-    """The cgroup's path and each ancestor's, root first."""
-    path = path.strip("/")
-    return [path.split("/")[:i] for i in range(path.count("/") + 2)] if path else [[]]
+from runner.checks.cgroups import cgroup_dirs
 
 
 def _quota_at(directory: Path, v2: bool) -> float | None:
@@ -42,23 +36,7 @@ def _quota_at(directory: Path, v2: bool) -> float | None:
 def cgroup_cpu_quota(proc_cgroup: str | Path = "/proc/self/cgroup", root: str | Path | None = None) -> float | None:
     """The least CPU quota (in CPUs, fractional) of the process's cgroup and its ancestors, cgroup v2 or v1;
     None where none sets one. root: the hierarchy's mount (default: $SPECBUNDLE_CGROUP_ROOT, else /sys/fs/cgroup)."""
-    root = Path(root if root is not None else os.environ.get(CGROUP_ROOT_ENV) or "/sys/fs/cgroup")
-    try:
-        lines = Path(proc_cgroup).read_text(encoding="ascii").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None
-    quotas = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            base, v2 = root, True
-        elif "cpu" in parts[1].split(","):
-            base, v2 = root / "cpu", False
-        else:
-            continue
-        quotas += [q for level in _levels(parts[2]) if (q := _quota_at(base.joinpath(*level), v2)) is not None]
+    quotas = [q for directory, v2 in cgroup_dirs("cpu", proc_cgroup, root) if (q := _quota_at(directory, v2)) is not None]
     return min(quotas) if quotas else None
 
 

@@ -9,7 +9,7 @@ read below `SPECBUNDLE_CGROUP_ROOT` when that is set (tests give a directory of 
 from __future__ import annotations
 
 __all__ = [
-    "CGROUP_ROOT_ENV", "PROMPT_CACHE_MAX", "SEQUENCES_CAP", "ServeMemory", "available_memory", "cgroup_room",
+    "PROMPT_CACHE_MAX", "SEQUENCES_CAP", "ServeMemory", "available_memory", "cgroup_room",
     "check_memory", "default_prompt_cache", "human_bytes", "size_serving",
 ]
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import BundleError
+from runner.checks.cgroups import cgroup_dirs
 
-CGROUP_ROOT_ENV = "SPECBUNDLE_CGROUP_ROOT"
 UNLIMITED = 1 << 60  # a cgroup v1 limit this high (the kernel writes 2^63 less a page) is no limit
 SEQUENCES_CAP = 8  # a server's default number of sequences, at most (fewer where their KV caches do not fit)
 PROMPT_CACHE_MAX = 8 << 30  # the prompt cache's default size at most (llama-server's --cache-ram default)
@@ -58,31 +58,15 @@ def cgroup_room(proc_cgroup: str | Path = "/proc/self/cgroup", root: str | Path 
     where none has a limit. cgroup v2 (memory.max, memory.current) and v1 (the memory controller's
     memory.limit_in_bytes, memory.usage_in_bytes). root: the hierarchy's mount (default: $SPECBUNDLE_CGROUP_ROOT,
     else /sys/fs/cgroup)."""
-    root = Path(root if root is not None else os.environ.get(CGROUP_ROOT_ENV) or "/sys/fs/cgroup")
-    try:
-        lines = Path(proc_cgroup).read_text(encoding="ascii").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None
     rooms = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
+    for directory, v2 in cgroup_dirs("memory", proc_cgroup, root):
+        files = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        try:
+            limit, usage = ((directory / name).read_text(encoding="ascii").strip() for name in files)
+            if limit != "max" and int(limit) < UNLIMITED:
+                rooms.append(max(int(limit) - int(usage), 0))
+        except (OSError, ValueError, UnicodeDecodeError):
             continue
-        if parts[0] == "0" and parts[1] == "":
-            base, files = root, ("memory.max", "memory.current")
-        elif "memory" in parts[1].split(","):
-            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        else:
-            continue
-        path = parts[2].strip("/")
-        levels = [path.split("/")[:i] for i in range(path.count("/") + 2)] if path else [[]]
-        for level in levels:  # the cgroup and its ancestors, where this namespace shows them
-            try:
-                limit, usage = ((base.joinpath(*level) / name).read_text(encoding="ascii").strip() for name in files)
-                if limit != "max" and int(limit) < UNLIMITED:
-                    rooms.append(max(int(limit) - int(usage), 0))
-            except (OSError, ValueError, UnicodeDecodeError):
-                continue
     return min(rooms) if rooms else None
 
 
