@@ -1,7 +1,8 @@
 """The serving benchmark, one entry point in modes (each a module of benchmarks/serving/; `--mode M --help`
 lists its options); it prints one JSON object, and writes it to `--out` too:
 
-    python benchmarks/serve_bench.py --mode load [--build] [--clients 1,4,8] [--rounds 2] [--servers ...]
+    python benchmarks/serve_bench.py --mode load [--build] [--clients 1,4,8] [--rounds 2] [--prompts grounded]
+        [--servers bundle,bundle-plain,bundle-1,llama,llama-draft,llama-ngram-simple,llama-ngram-map-k]
     python benchmarks/serve_bench.py --mode ab [--a "--sequences 1 --no-draft"] [--b llama-server] [--stream]
     python benchmarks/serve_bench.py --mode vs-run [--limit 4] [--rounds 2]
     python benchmarks/serve_bench.py --mode batch-cost --target TARGET.gguf|MODEL_DIR [--sequences 1,2,4,8] [--k 0,2,4]

@@ -8,7 +8,16 @@
   p50/p99, inter-token latency p50/p99 (the gaps between streamed pieces of text, over the tokens in them);
 - servers (`--servers`): `bundle` (as shipped), `bundle-plain` (`--no-draft`: its own plain serving),
   `bundle-1` (`--sequences 1`: one request at a time, what batching gains), `llama` (`llama-server -np N`),
-  `llama-draft` (with the draft, `--spec-type draft-simple`). A safetensors bundle runs the bundle servers only.
+  `llama-draft` (with the draft: `--spec-type draft-simple --spec-draft-n-max` --draft-max),
+  `llama-ngram-simple` and `llama-ngram-map-k` (`--spec-type ngram-simple` / `ngram-map-k`, no draft model, on
+  llama.cpp's defaults: a 12-token lookup, drafts up to 48 tokens; --draft-max sets llama-draft's only). A
+  safetensors bundle runs the bundle servers only; a GGUF bundle without a draft runs all but `llama-draft`;
+- per concurrency, besides the fixed ratios, `best_llama`: the llama-* server of the run with the most tokens/s
+  over the run, and `bundle` over it (over the run, and per round against that same server), the figure of
+  "at least llama-server's best" whichever of its modes that is.
+
+    serve_bench.py --mode load --servers bundle,llama,llama-draft,llama-ngram-simple,llama-ngram-map-k \\
+        [--clients 1] [--prompts grounded]
 
 All servers are started first and stay up, once per concurrency N (`llama-server -np N`, `bundle serve
 --sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same); they
@@ -32,7 +41,12 @@ from serving.common import (
     Process, add_bundle_options, bundle_serve_argv, free_port, gguf_files, machine, percentile, read_prompt_set, stream,
 )
 
-RATIOS = (("bundle", "llama"), ("bundle", "bundle-plain"), ("bundle", "bundle-1"), ("llama-draft", "llama"))
+# llama-server's servers: name -> its --spec-type (None: plain)
+LLAMA_SERVERS = {"llama": None, "llama-draft": "draft-simple", "llama-ngram-simple": "ngram-simple",
+                 "llama-ngram-map-k": "ngram-map-k"}
+SERVERS = ("bundle", "bundle-plain", "bundle-1", *LLAMA_SERVERS)
+RATIOS = (("bundle", "llama"), ("bundle", "bundle-plain"), ("bundle", "bundle-1"), ("llama-draft", "llama"),
+          ("llama-ngram-simple", "llama"), ("llama-ngram-map-k", "llama"))
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +61,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "for this machine speculates in its first three and then knows whether the draft pays)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--draft-max", type=int, default=4, help="llama-server's --spec-draft-n-max")
-    parser.add_argument("--servers", default="bundle,bundle-plain,llama,llama-draft")
+    parser.add_argument("--draft-max", type=int, default=4,
+                        help="llama-draft's --spec-draft-n-max (the n-gram servers keep llama.cpp's defaults)")
+    parser.add_argument("--servers", default="bundle,bundle-plain,llama,llama-draft",
+                        help="comma-separated, of: " + ", ".join(SERVERS))
     parser.add_argument("--build", action="store_true", help="build llama-server if it is not cached")
     parser.add_argument("--dtype", help="bundle serve's --dtype (a safetensors bundle; default: the bundle's)")
 
@@ -64,8 +80,8 @@ def _starter(args: argparse.Namespace, binary: Path | None, files: dict[str, Pat
             extra += (["--dtype", args.dtype] if args.dtype else []) + (["--no-draft"] if name == "bundle-plain" else [])
             return Process(bundle_serve_argv(args, port, extra), port)
         draft = name == "llama-draft"
-        return Process(server_argv(binary, files["target"], port, threads, slots=clients,
-                                   spec_type="draft-simple" if draft else None, draft=files["draft"] if draft else None,
+        return Process(server_argv(binary, files["target"], port, threads, slots=clients, spec_type=LLAMA_SERVERS[name],
+                                   draft=files["draft"] if draft else None,
                                    draft_max=args.draft_max if draft else None), port)
 
     return start
@@ -135,7 +151,14 @@ def _summary(results: dict[str, dict[str, list[dict]]], servers: list[str], clie
               for a, b in RATIOS if a in per and b in per}
     if "bundle" in per and "llama" in per:
         rounds["bundle_over_llama_ttft_p99"] = [x["ttft_p99_s"] / y["ttft_p99_s"] for x, y in zip(per["bundle"], per["llama"])]
-    return {"medians": row, "tokens_per_second_over_run": run, "ratios_over_run": over_run, "ratios_per_round": rounds}
+    llamas = [name for name in servers if name in LLAMA_SERVERS]
+    best = max(llamas, key=run.__getitem__) if llamas else None
+    if best and "bundle" in run:
+        over_run["bundle_over_best_llama_tps"] = run["bundle"] / run[best]
+        rounds["bundle_over_best_llama_tps"] = [x["tokens_per_second"] / y["tokens_per_second"]
+                                                for x, y in zip(per["bundle"], per[best])]
+    return {"medians": row, "tokens_per_second_over_run": run, "best_llama": best, "ratios_over_run": over_run,
+            "ratios_per_round": rounds}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,10 +167,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = read_prompt_set(args.prompts)
     levels = [int(c) for c in args.clients.split(",")]
     servers = args.servers.split(",")
-    binary = tool("llama-server", build=args.build) if any(s.startswith("llama") for s in servers) else None
+    if unknown := [s for s in servers if s not in SERVERS]:
+        raise SystemExit(f"unknown server {', '.join(unknown)} in --servers: one of {', '.join(SERVERS)}")
+    binary = tool("llama-server", build=args.build) if any(s in LLAMA_SERVERS for s in servers) else None
     with gguf_files(args.ref, args.store, args.key) as (files, threads):
-        if binary and not all(files.values()):
-            raise SystemExit(f"{args.ref} is not a GGUF bundle with a draft: llama-server cannot serve it (--servers bundle,bundle-1)")
+        if binary and not files["target"]:
+            raise SystemExit(f"{args.ref} is not a GGUF bundle: llama-server cannot serve it (--servers bundle,bundle-1)")
+        if "llama-draft" in servers and not files["draft"]:
+            raise SystemExit(f"{args.ref} has no draft: llama-draft needs one (the n-gram servers do not)")
         start = _starter(args, binary, files, threads)
         procs: dict[tuple[str, int], Process] = {}
         try:
