@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Ref", "STORAGE_SCHEMES", "parse_ref", "without_userinfo"]
+__all__ = ["Ref", "STORAGE_SCHEMES", "parse_ref", "storage_reference", "without_userinfo"]
 
 import re
 from dataclasses import dataclass
@@ -51,6 +51,24 @@ def without_userinfo(text: str) -> str:
     if "@" in host and (slash or sep):
         rest = "***@" + host.rpartition("@")[2] + slash + path
     return scheme + sep + rest
+
+
+def storage_reference(text: str) -> str | None:
+    """The reference in a `bundle://` / `kit://` storage URI or a plain reference, the scheme and any
+    `user:password@` before the host dropped (registry credentials come from DOCKER_CONFIG, never from here);
+    None for another `scheme://`, which each caller refuses in its own words."""
+    rest = text
+    for scheme in STORAGE_SCHEMES:
+        if text.startswith(scheme):
+            rest = text[len(scheme):]
+            break
+    else:
+        if "://" in text:
+            return None
+    host, slash, path = rest.partition("/")
+    if slash and "@" in host:  # without a `/` the `@` is NAME@DIGEST's
+        rest = host.rpartition("@")[2] + slash + path
+    return rest
 
 
 def parse_ref(text: str) -> Ref:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from core.errors import BundleError
-from bundler.store.refs import STORAGE_SCHEMES, Ref, parse_ref, without_userinfo
+from bundler.store.refs import STORAGE_SCHEMES, Ref, parse_ref, storage_reference, without_userinfo
 from bundler.store.layout import Store
 from bundler.verbs.fromdir import CONFIG, EVIDENCE, MANIFEST, ORIGIN, SIGNATURE, check_fetched
 
@@ -44,17 +44,9 @@ def storage_ref(uri: str) -> Ref:
     """`bundle://HOST/REPO:TAG`, KitOps' `kit://HOST/REPO:TAG` (the same rules), or a plain reference, as a Ref;
     anything else is a usage error. A `user:password@` before the host is dropped and never shown: registry
     credentials come from DOCKER_CONFIG."""
-    rest = uri
-    for scheme in STORAGE_SCHEMES:
-        if uri.startswith(scheme):
-            rest = uri[len(scheme):]
-            break
-    else:
-        if "://" in uri:
-            raise BundleError("usage", f"{without_userinfo(uri)!r}: expected a {' or '.join(s + 'HOST/REPO:TAG' for s in STORAGE_SCHEMES)} storage URI or a bundle reference")
-    host, slash, path = rest.partition("/")
-    if slash and "@" in host:
-        rest = host.rpartition("@")[2] + slash + path
+    rest = storage_reference(uri)
+    if rest is None:
+        raise BundleError("usage", f"{without_userinfo(uri)!r}: expected a {' or '.join(s + 'HOST/REPO:TAG' for s in STORAGE_SCHEMES)} storage URI or a bundle reference")
     return parse_ref(rest)
 
 

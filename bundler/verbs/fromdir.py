@@ -35,7 +35,7 @@ from bundler.format.kitfile import Kitfile, kitfile_from_data
 from bundler.format.tarwrite import write_layer
 from bundler.store.layout import MAX_JSON_BLOB, Store
 from bundler.store.modelkit import strip_layer_info
-from bundler.store.refs import STORAGE_SCHEMES, parse_ref, without_userinfo
+from bundler.store.refs import STORAGE_SCHEMES, parse_ref, storage_reference, without_userinfo
 from bundler.trust import cosign, signature
 from bundler.trust.releases import ROLLBACK_STATE, memory, remember, version_key
 from bundler.trust.verify import check_expiry, check_files
@@ -83,16 +83,14 @@ def parse_expected(text: str) -> Expected:
         return Expected(text, None, None, text)
     if text.startswith("sha256:"):
         raise BundleError("usage", f"--expect {text!r}: a digest is sha256: and 64 lowercase hex digits")
-    rest = text
-    for scheme in URI_SCHEMES:
-        if rest.startswith(scheme):
-            rest = rest[len(scheme):]
-            host, slash, path = rest.partition("/")
-            rest = host.rpartition("@")[2] + slash + path  # user:password@host: never shown, never compared
-            break
+    if "://" not in text:
+        rest = text  # unlike fetch, a plain reference keeps a `user@` and parse_ref refuses it
     else:
-        if "://" in rest:
+        found = storage_reference(text)  # user:password@host: never shown, never compared
+        if found is None:
             raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
+        # unlike fetch, a URI with no `/` drops everything up to its last `@` too
+        rest = found if "/" in found else found.rpartition("@")[2]
     try:
         ref = parse_ref(rest)
     except BundleError as err:
