@@ -9,13 +9,13 @@ from __future__ import annotations
 
 __all__ = [
     "Guard", "LOSS_BUDGET", "LOSS_FLOOR", "PATIENCE", "RETRY_AFTER", "TRIAL_ITERATIONS", "TRY_EACH", "WARMUP_ITERATIONS",
-    "PRIOR_ACCEPTANCE", "parameter_costs", "prior_verdict",
+    "NGRAM_MATCH_PRIOR", "PRIOR_ACCEPTANCE", "parameter_costs", "prior_verdict",
 ]
 
 import math
 
 from runner.decoding import cost_prior
-from runner.decoding.stats import Stats, best_predicted_speedup
+from runner.decoding.stats import Stats, best_predicted_speedup, expected_tokens
 from runner.engines import as_engine
 
 WARMUP_ITERATIONS = 6  # speculative iterations before the guard judges
@@ -35,6 +35,13 @@ TRY_EACH = 3  # speculative iterations of each allowed proposing method before t
 # on a CPU where a verify pass costs 2-3 steps (AVX2), what a useless draft costs is a step or two per answer.
 LOSS_FLOOR = 1.0
 LOSS_BUDGET = 0.005
+
+
+# An n-gram match's per-token acceptance before any was verified, as pseudo-counts [accepted, rejections]
+# (a = 0.5), kept per matched suffix length up to NGRAM_MATCH_LENGTHS: a 4-token match is a copy far more
+# often than a 2-token one, which may be a chance repeat of "the" and a comma.
+NGRAM_MATCH_PRIOR = (1.0, 1.0)
+NGRAM_MATCH_LENGTHS = 4
 
 
 def parameter_costs(target, draft) -> tuple[float, float]:
@@ -90,7 +97,8 @@ class Guard:
         self.retry_after = RETRY_AFTER
         self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
         self.by_method: dict[str, list[float]] = {}  # per kind of proposal: a decaying [accepted, rejections]
-        self.lookups = [0.0, 0.0]  # n-gram lookups: a decaying [matched, looked]
+        self.lookups = [0.0, 0.0]  # n-gram lookups: a decaying [proposed, looked]
+        self.by_match: dict[int, tuple[float, float]] = {}  # n-gram acceptance per matched suffix length, decaying
         self._kinds, self._kinds_at = (math.inf, math.inf), (-1, -1)  # the kinds' predicted speed-ups, and when
 
     def drafting(self, produced: int) -> bool:
@@ -164,8 +172,39 @@ class Guard:
         return max(methods, key=lambda name: scores[name])  # first among equals: the order the settings give
 
     def looked_up(self, matched: bool) -> None:
-        """One n-gram lookup, and whether it found a match."""
+        """One n-gram lookup, and whether it proposed (found a match worth a verify pass)."""
         self.lookups = [self.lookups[0] * DECAY + matched, self.lookups[1] * DECAY + 1]
+
+    def ngram_length(self, matched: int, longest: int) -> int:
+        """How many of the `longest` tokens an n-gram match of `matched` tokens proposes to verify; 0: a plain
+        step instead. The length whose expected tokens (Leviathan's, at this match length's acceptance so far)
+        per target step of its verify pass is highest, where that beats the one token of a plain step. A pass
+        that costs 1.7 steps for two tokens (llama.cpp on a small model, two cores) only pays for a copy that
+        runs on; where a pass costs one step whatever its length (torch bf16 with AVX-512 BF16), every match does."""
+        accepted, rejections = self.by_match.get(min(matched, NGRAM_MATCH_LENGTHS), NGRAM_MATCH_PRIOR)
+        acceptance = accepted / (accepted + rejections)
+        best, length = 1.0, 0
+        for m in range(1, longest + 1):
+            value = expected_tokens(acceptance, m) / self.verify_steps(m)
+            if value > best:
+                best, length = value, m
+        return length
+
+    def verify_steps(self, k: int) -> float:
+        """A verify pass over k proposed tokens, in target steps: the cost model's when given, else as timed so
+        far (runner.decoding.stats.Stats.verify_steps); one step before anything was timed, so the first
+        proposals are made, and time what they cost."""
+        if self.costs:
+            return self.costs[1]
+        return self.stats.verify_steps(k) or 1.0
+
+    def ngram_observed(self, matched: int, proposed: int, accepted: int) -> None:
+        """The verdict on an n-gram match of `matched` tokens: `accepted` of its first `proposed` tokens. A match
+        not verified counts by its first token against the one a plain step made (proposed 1): its later tokens
+        are unknown, which the rejection count leaves out."""
+        key = min(matched, NGRAM_MATCH_LENGTHS)
+        a, r = self.by_match.get(key, NGRAM_MATCH_PRIOR)
+        self.by_match[key] = (a * DECAY + accepted, r * DECAY + (accepted < proposed))
 
     def _kind_speedup(self, kind: str) -> float:
         """The predicted speed-up of one kind of proposal ("draft", "ngram"); inf until tried TRY_EACH times."""

@@ -53,15 +53,20 @@ class NgramProposer:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix n-gram.
         A match that runs into the sequence's end continues with its own proposal (a repeating pattern keeps
         repeating), so a match always yields k tokens."""
+        return self.propose_match(k)[0]
+
+    def propose_match(self, k: int) -> tuple[list[int], int]:
+        """propose(k), and the length n of the suffix that matched (0: none). A longer match is copied text
+        more often than a chance repeat, so the guard weighs proposals by it (runner.decoding.guard)."""
         seq = self._tokens
         length = len(seq)
         if k <= 0:
-            return []
+            return [], 0
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
             start = self._index.get(tuple(seq[length - n :]))
             if start is not None:
-                return self._continuation(start, k)
-        return []
+                return self._continuation(start, k), n
+        return [], 0
 
     def _continuation(self, start: int, k: int) -> list[int]:
         seq = self._tokens

@@ -110,6 +110,7 @@ class SequenceState:
     tokens: list[int] = field(default_factory=list)
     last: int | None = None  # the newest token, not yet in the target's cache
     behind: list[int] = field(default_factory=list)  # tokens the draft model's cache lacks
+    lookup: tuple[int, int] | None = None  # this step's n-gram match: its length and first token, for the guard
 
 
 def _share(seconds: float, rows: list[Row]) -> list[float]:
@@ -163,9 +164,12 @@ class Step:
         method = s.guard.method(s.methods) if s.guard is not None else s.methods[0]
         if method != "draft" and s.proposer is not None:
             longest = min(self.ngram_tokens, cap, remaining)
-            proposal = s.proposer.propose(longest) if longest > 0 else []
+            proposal, matched = s.proposer.propose_match(longest) if longest > 0 else ([], 0)
             proposal = proposal[: next((i for i, t in enumerate(proposal) if t >= s.sampler.vocab_size), len(proposal))]
             if s.guard is not None and longest > 0:
+                if proposal:  # the guard says how much of the match is worth a verify pass, and learns from each
+                    s.lookup = (matched, proposal[0])
+                    proposal = proposal[: s.guard.ngram_length(matched, len(proposal))]
                 s.guard.looked_up(bool(proposal))
             if proposal:
                 return Plan(s.seq, "ngram", len(proposal), tuple(proposal))
@@ -313,4 +317,11 @@ class Step:
         if observed and s.guard:
             drafted, accepted, seconds, method = observed
             s.guard.observe(drafted, accepted, seconds, len(s.tokens), method)
+        if s.lookup is not None and s.guard and new:
+            matched, first = s.lookup
+            if observed and observed[3] == "ngram":
+                s.guard.ngram_observed(matched, observed[0], observed[1])
+            else:  # not verified: its first token against the target's own
+                s.guard.ngram_observed(matched, 1, int(new[0] == first))
+        s.lookup = None
         return done
