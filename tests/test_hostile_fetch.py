@@ -84,6 +84,16 @@ def test_no_error_line_shows_the_userinfo_of_a_storage_uri(tmp_path: Path, keypa
     assert not dest.exists()
 
 
+@pytest.mark.parametrize("uri", ["kit://robot:{secret}@m", "bundle://robot:{secret}@m", "robot:{secret}@m",
+                                 "kit://robot:{secret}@m@sha256:" + "0" * 64])
+def test_a_bad_reference_with_userinfo_and_no_slash_is_refused_with_the_userinfo_masked(tmp_path: Path, keypair, uri: str) -> None:
+    dest = tmp_path / "models"
+    result = _fetch(uri.format(secret=SECRET), dest, tmp_path, keypair)
+    _one_line(result, "usage", 2)
+    assert SECRET not in result.out + result.err and "***@" in result.err
+    assert not dest.exists()
+
+
 def test_pull_never_shows_the_userinfo_of_a_reference(tmp_path: Path, keypair) -> None:
     result = run_bundle("pull", f"user:{SECRET}@127.0.0.1:{free_port()}/models/tiny-spec:1.0.0", "--plain-http",
                         "--key", str(keypair[1]), env=_env(tmp_path))

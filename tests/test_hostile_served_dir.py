@@ -251,6 +251,14 @@ def test_a_malformed_expectation_is_a_usage_error(bundles, tmp_path: Path, value
     assert result.code == 2 and result.err.startswith("error: [usage]"), result.err
 
 
+@pytest.mark.parametrize("value", ["kit://robot:{secret}@m", "bundle://robot:{secret}@m", "robot:{secret}@m"])
+def test_a_bad_expectation_with_userinfo_and_no_slash_is_refused_with_the_userinfo_masked(tmp_path: Path, value: str) -> None:
+    secret = "pa55-w0rd-never-shown"
+    result = run_bundle("serve", "--from-dir", str(tmp_path), "--expect", value.format(secret=secret), "--port", str(free_port()))
+    assert result.code == 2 and result.err.startswith("error: [usage]"), result.err
+    assert secret not in result.out + result.err and "***@" in result.err
+
+
 def test_fetch_and_serve_from_dir_accept_a_bundle_signed_cosign_style_only(bundles, tmp_path: Path) -> None:
     fetched = bundles["cosign"]["dir"]
     assert cosign.kind_of((fetched / ".specbundle" / "signature.json").read_bytes()) == cosign.KIND

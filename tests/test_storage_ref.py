@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bundler.store.refs import storage_reference
+from bundler.store.refs import parse_storage_reference, storage_reference
+from bundler.verbs.fetch import storage_ref
+from bundler.verbs.fromdir import Expected, parse_expected
+from core.errors import BundleError
 
 DIGEST = "sha256:" + "0" * 64
 
@@ -32,3 +35,26 @@ def test_a_plain_reference_is_returned_as_written() -> None:
 @pytest.mark.parametrize("text", ["oci://registry.example/model:1.0.0", "KIT://registry.example/model:1.0.0", "model/x://y"])
 def test_another_scheme_is_none_for_the_caller_to_refuse(text: str) -> None:
     assert storage_reference(text) is None
+
+
+# ---------------------------------------------------------------- fetch's STORAGE_URI and --expect read alike
+
+
+def test_expect_reads_a_bare_name_at_a_digest_as_fetch_does() -> None:
+    ref = storage_ref(f"kit://model@{DIGEST}")
+    assert (ref.repository, ref.digest) == ("model", DIGEST)
+    assert parse_expected(f"kit://model@{DIGEST}") == Expected(f"model@{DIGEST}", "model", None, DIGEST)
+
+
+def test_expect_drops_the_credentials_of_a_plain_reference_as_fetch_does() -> None:
+    text = "robot:pa55w0rd@registry.example/model:1.0.0"
+    assert str(storage_ref(text)) == "registry.example/model:1.0.0"
+    assert parse_expected(text) == Expected("registry.example/model:1.0.0", "model", "1.0.0", None)
+
+
+@pytest.mark.parametrize("text", ["kit://robot:pa55w0rd@model", "bundle://robot:pa55w0rd@model", "robot:pa55w0rd@model",
+                                  f"kit://robot:pa55w0rd@model@{DIGEST}"])
+def test_a_refused_reference_is_quoted_with_its_credentials_masked_without_a_slash_too(text: str) -> None:
+    with pytest.raises(BundleError) as refused:
+        parse_storage_reference(text)
+    assert refused.value.code == "usage" and "pa55w0rd" not in refused.value.message and "***@" in refused.value.message

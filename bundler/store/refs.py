@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Ref", "STORAGE_SCHEMES", "parse_ref", "storage_reference", "without_userinfo"]
+__all__ = ["Ref", "STORAGE_SCHEMES", "parse_ref", "parse_storage_reference", "storage_reference", "without_userinfo"]
 
 import re
 from dataclasses import dataclass
@@ -43,12 +43,14 @@ class Ref:
         return self.digest or self.tag or "latest"
 
 
-def without_userinfo(text: str) -> str:
+def without_userinfo(text: str, *, storage: bool = False) -> str:
     """`text` with any `user:password@` before its host replaced by `***@` (with or without a `scheme://`):
-    what a reference or storage URI may be shown as."""
+    what a reference or storage URI may be shown as. In a plain reference with no `/`, the `@` is taken for
+    NAME@DIGEST's, unless `storage`: a storage URI as the user gave it, where `user:password@HOST` needs no `/`
+    and cannot be told from NAME@DIGEST, so it is masked all the same."""
     scheme, sep, rest = text.rpartition("://") if "://" in text else ("", "", text)
     host, slash, path = rest.partition("/")
-    if "@" in host and (slash or sep):
+    if "@" in host and (slash or sep or storage):
         rest = "***@" + host.rpartition("@")[2] + slash + path
     return scheme + sep + rest
 
@@ -71,9 +73,20 @@ def storage_reference(text: str) -> str | None:
     return rest
 
 
-def parse_ref(text: str) -> Ref:
-    """Parse a reference, or raise a usage error that says what a reference looks like."""
-    bad = BundleError("usage", f"bad reference {without_userinfo(text)!r}: expected NAME[:TAG] or NAME@sha256:<hex> (NAME lowercase, optionally HOST[:PORT]/ first)")
+def parse_storage_reference(text: str) -> Ref | None:
+    """storage_reference(text) parsed (None for another `scheme://`, as there). A bad reference's error quotes
+    `text` as given, whatever ends in an `@` before the host shown as `***@`, with a `/` after the host or not."""
+    rest = storage_reference(text)
+    if rest is None:
+        return None
+    return parse_ref(rest, shown=without_userinfo(text, storage=True))
+
+
+def parse_ref(text: str, *, shown: str | None = None) -> Ref:
+    """Parse a reference, or raise a usage error that says what a reference looks like, quoting `shown` (by
+    default `text` without its userinfo)."""
+    shown = without_userinfo(text) if shown is None else shown
+    bad = BundleError("usage", f"bad reference {shown!r}: expected NAME[:TAG] or NAME@sha256:<hex> (NAME lowercase, optionally HOST[:PORT]/ first)")
     digest = None
     rest = text
     if "@" in rest:

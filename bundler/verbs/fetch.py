@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from core.errors import BundleError
-from bundler.store.refs import STORAGE_SCHEMES, Ref, parse_ref, storage_reference, without_userinfo
+from bundler.store.refs import STORAGE_SCHEMES, Ref, parse_ref, parse_storage_reference, without_userinfo
 from bundler.store.layout import Store
 from bundler.verbs.fromdir import CONFIG, EVIDENCE, MANIFEST, ORIGIN, SIGNATURE, check_fetched
 
@@ -44,10 +44,10 @@ def storage_ref(uri: str) -> Ref:
     """`bundle://HOST/REPO:TAG`, KitOps' `kit://HOST/REPO:TAG` (the same rules), or a plain reference, as a Ref;
     anything else is a usage error. A `user:password@` before the host is dropped and never shown: registry
     credentials come from DOCKER_CONFIG."""
-    rest = storage_reference(uri)
-    if rest is None:
+    ref = parse_storage_reference(uri)
+    if ref is None:
         raise BundleError("usage", f"{without_userinfo(uri)!r}: expected a {' or '.join(s + 'HOST/REPO:TAG' for s in STORAGE_SCHEMES)} storage URI or a bundle reference")
-    return parse_ref(rest)
+    return ref
 
 
 def _prepare_dest(dest: Path) -> list[Path]:

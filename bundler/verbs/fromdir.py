@@ -35,7 +35,7 @@ from bundler.format.kitfile import Kitfile, kitfile_from_data
 from bundler.format.tarwrite import write_layer
 from bundler.store.layout import MAX_JSON_BLOB, Store
 from bundler.store.modelkit import strip_layer_info
-from bundler.store.refs import STORAGE_SCHEMES, parse_ref, storage_reference, without_userinfo
+from bundler.store.refs import STORAGE_SCHEMES, parse_storage_reference, without_userinfo
 from bundler.trust import cosign, signature
 from bundler.trust.releases import ROLLBACK_STATE, memory, remember, version_key
 from bundler.trust.verify import check_expiry, check_files
@@ -76,25 +76,20 @@ class CheckedDir:
 
 
 def parse_expected(text: str) -> Expected:
-    """`name:tag`, `name@sha256:…`, a bare `sha256:…`, or a `bundle://` / `kit://` storage URI (userinfo
-    dropped) as an Expected; anything else is a usage error."""
+    """`name:tag`, `name@sha256:…`, a bare `sha256:…`, or a `bundle://` / `kit://` storage URI, read as fetch
+    reads its STORAGE_URI (a `user:password@` before the host dropped), as an Expected; anything else is a usage
+    error."""
     text = text.strip()
     if _DIGEST.match(text):
         return Expected(text, None, None, text)
     if text.startswith("sha256:"):
         raise BundleError("usage", f"--expect {text!r}: a digest is sha256: and 64 lowercase hex digits")
-    if "://" not in text:
-        rest = text  # unlike fetch, a plain reference keeps a `user@` and parse_ref refuses it
-    else:
-        found = storage_reference(text)  # user:password@host: never shown, never compared
-        if found is None:
-            raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
-        # unlike fetch, a URI with no `/` drops everything up to its last `@` too
-        rest = found if "/" in found else found.rpartition("@")[2]
     try:
-        ref = parse_ref(rest)
+        ref = parse_storage_reference(text)  # user:password@host: never shown, never compared
     except BundleError as err:
         raise BundleError("usage", f"--expect: {err.message}") from None
+    if ref is None:
+        raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
     tag = (ref.tag or "").removeprefix("v").split("_", 1)[0]
     version = tag if ref.tag and _VERSION_TAG.match(ref.tag.split("_", 1)[0]) else None
     return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], version, ref.digest)
