@@ -289,9 +289,11 @@ def _stranger_store(base: Path, keypair) -> Path:
     return base / "store"
 
 
-def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_from_the_first_token(tmp_path: Path, keypair) -> None:
+def test_after_three_requests_whose_draft_did_not_pay_requests_leave_the_draft_model_out_from_the_first_token(
+        tmp_path: Path, keypair) -> None:
     """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
-    random model) falls back in each request; from the fourth request on, the draft does not run at all."""
+    random model) falls back in each request; from the fourth request on, the draft model does not run at all
+    (prompt lookup, which the bundle allows, may still propose)."""
     srv = Server(_stranger_store(tmp_path, keypair), keypair[1], "--sequences", "2")
     try:
         stats = []
@@ -302,12 +304,13 @@ def test_after_three_requests_whose_draft_did_not_pay_requests_decode_plainly_fr
         assert srv.stop() == 0
     for s in stats[:3]:
         assert s["speculative_iterations"] and s["fallback"] and not s["fallback"]["resumed"]
-    assert stats[3]["drafted"] == 0 and stats[3]["draft_passes"] == 0 and "did not pay" in stats[3]["fallback"]["reason"]
+    assert stats[3]["draft_passes"] == 0 and "draft" not in stats[3]["methods"]
+    assert stats[3]["draft_model_dropped"]["at_token"] == 0 and "did not pay" in stats[3]["draft_model_dropped"]["reason"]
 
 
 def test_a_server_starts_from_what_bundle_run_found_on_this_machine_and_writes_nothing(tmp_path: Path, keypair) -> None:
     """The store's run history says the draft did not pay in the last runs here: the first request already
-    decodes plainly from its first token (the draft never runs), and the store's counts stay as they were."""
+    leaves the draft model out from its first token (it never runs), and the store's counts stay as they were."""
     from bundler.store.layout import Store
     from bundler.store.modelkit import load_modelkit
     from bundler.store.refs import parse_ref
@@ -327,7 +330,8 @@ def test_a_server_starts_from_what_bundle_run_found_on_this_machine_and_writes_n
         stats = httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["specbundle"]["stats"]
     finally:
         assert srv.stop() == 0
-    assert stats["drafted"] == 0 and stats["draft_passes"] == 0 and "did not pay" in stats["fallback"]["reason"]
+    assert stats["draft_passes"] == 0 and "draft" not in stats["methods"]
+    assert stats["draft_model_dropped"]["at_token"] == 0 and "did not pay" in stats["draft_model_dropped"]["reason"]
     assert run_history(Store(copied), digest).counts() == counts
 
 

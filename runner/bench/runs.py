@@ -74,11 +74,13 @@ def pooled(runs: Sequence[Run]) -> Run:
 
 def chosen_method(stats: Any) -> str:
     """The method a generation proposed with (Stats.by_method; "ngram+draft" where both proposed), ", then
-    plain" where the guard fell back after proposing, "plain" where it never proposed."""
+    ngram" where the guard dropped the draft model, ", then plain" where it fell back after proposing, "plain"
+    where it never proposed."""
     counts = {m for m, c in (getattr(stats, "by_method", None) or {}).items() if c[0]}
     used = "ngram+draft" if len(counts) > 1 else next(iter(counts), "draft" if stats.spec_tokens else "")
     if not used:
         return "plain"
+    used += ", then ngram" if getattr(stats, "model_dropped", None) else ""
     return f"{used}, then plain" if stats.fallback else used
 
 

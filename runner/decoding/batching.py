@@ -152,7 +152,7 @@ class BatchedGenerator:
         if self.use_guard and self.methods:
             s.guard = Guard(s.stats, 2 * self.draft_tokens, self.min_acceptance, costs)
             if start_plain:
-                s.guard.start_plain(start_plain)
+                s.guard.start_plain(start_plain, self.methods)
         if any(m != "draft" for m in self.methods):
             s.proposer = NgramProposer(*self.ngram)
             s.proposer.extend(prompt)

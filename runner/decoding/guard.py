@@ -42,6 +42,10 @@ LOSS_BUDGET = 0.005
 # often than a 2-token one, which may be a chance repeat of "the" and a comma.
 NGRAM_MATCH_PRIOR = (1.0, 1.0)
 NGRAM_MATCH_LENGTHS = 4
+# What each proposed token adds to a verify pass, in target steps, before any pass was timed: the dear end of
+# what was measured (llama.cpp and bf16 on AVX2, two cores: docs/benchmarks.md), so the first proposals are
+# short, and timed; where passes turn out cheap, the timed costs lengthen them.
+UNTIMED_VERIFY_SLOPE = 0.5
 
 
 def parameter_costs(target, draft) -> tuple[float, float]:
@@ -100,6 +104,9 @@ class Guard:
         self.lookups = [0.0, 0.0]  # n-gram lookups: a decaying [proposed, looked]
         self.by_match: dict[int, tuple[float, float]] = {}  # n-gram acceptance per matched suffix length, decaying
         self._kinds, self._kinds_at = (math.inf, math.inf), (-1, -1)  # the kinds' predicted speed-ups, and when
+        self.allowed: tuple[str, ...] = ()  # the methods the step last offered
+        self.model_dropped = False  # the draft model was dropped: prompt lookup proposes alone
+        self.forgiven = 0.0  # target steps the dropped draft model lost, not charged to prompt lookup's budget
 
     def drafting(self, produced: int) -> bool:
         """Whether this iteration drafts; False: one timed plain step (a probe or plain decoding)."""
@@ -117,8 +124,13 @@ class Guard:
             stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
         )  # a few plain steps early, then one now and then: the baseline follows the context's growth
 
-    def start_plain(self, reason: str) -> None:
-        """Plain decoding from the first token and no trial (runner.decoding.run_history's advice), with its reason."""
+    def start_plain(self, reason: str, methods: tuple[str, ...] = ()) -> None:
+        """Without the draft model from the first token (runner.decoding.run_history's advice), with its reason:
+        prompt lookup alone where `methods` allow it, else plain decoding and no trial."""
+        if any(m != "draft" for m in methods):
+            self.allowed, self.model_dropped = methods, True
+            self.stats.model_dropped = {"at_token": 0, "reason": reason}
+            return
         self.stats.fallback = {"at_token": 0, "reason": reason, "retries": 0, "resumed": 0}
         self.plain_until = math.inf
 
@@ -131,7 +143,7 @@ class Guard:
         # The draft's prefill of the prompt is not counted (plain decoding of the target has a prefill too, and
         # the draft's is a small share of it); its catch-up over the tokens of a plain run is: a trial's cost.
         stats = self.stats
-        return (stats.spec_time_s - stats.draft_prefill_s - stats.spec_tokens * step) / step
+        return (stats.spec_time_s - stats.draft_prefill_s - stats.spec_tokens * step) / step - self.forgiven
 
     def _affordable(self, produced: int) -> bool:
         """Another iteration (or a trial) only where the budget leaves room for what one has cost so far."""
@@ -146,17 +158,36 @@ class Guard:
         return lost is not None and lost > LOSS_FLOOR + LOSS_BUDGET * produced
 
     def _fall_back(self, produced: int, reason: str) -> None:
+        if self._drop_model(produced, reason):
+            return
         if self.stats.fallback is None:
             self.stats.fallback = {"at_token": produced, "reason": reason, "retries": 0, "resumed": 0}
         self.plain_until, self.trial = produced + self.retry_after, False
         self.retry_after = min(2 * self.retry_after, RETRY_AFTER_MAX)
+
+    def _drop_model(self, produced: int, reason: str) -> bool:
+        """Where prompt lookup may go on, a draft model that does not pay is dropped instead of all speculation:
+        lookup checks each match's worth before its pass (ngram_length), so it costs little where it does not
+        pay and gains where the text copies. What the model lost is left out of the budget lookup then gets;
+        the next verdict against speculation falls back to plain decoding as before. Once per sequence."""
+        if (self.model_dropped or self.stats.fallback is not None or not self.stats.by_method.get("draft")
+                or not any(m != "draft" for m in self.allowed)):
+            return False
+        self.model_dropped = True
+        self.stats.model_dropped = {"at_token": produced, "reason": reason}
+        self.forgiven += self.lost_steps() or 0.0
+        self.window, self.iterations, self.below, self.k_cap = [0.0] * 4, 0, 0, self.max_k
+        return True
 
     def method(self, methods: tuple[str, ...]) -> str:
         """Which allowed method proposes next (runner.decoding.step.METHODS): each kind of proposal is tried
         TRY_EACH times, then the method with the best predicted speed-up: an n-gram iteration's from its own
         acceptance at no proposing cost, a draft model iteration's from its acceptance and the draft's cost,
         weighed by how often the n-gram finds a match (where it finds none, "ngram" takes a plain step and
-        "ngram+draft" lets the draft model propose)."""
+        "ngram+draft" lets the draft model propose). Once the draft model is dropped, "ngram" alone."""
+        self.allowed = methods
+        if self.model_dropped:
+            return "ngram"
         if len(methods) == 1:
             return methods[0]
         seen = (self.stats.speculative_iterations, self.stats.steps_timed)  # what the predictions depend on
@@ -192,11 +223,11 @@ class Guard:
 
     def verify_steps(self, k: int) -> float:
         """A verify pass over k proposed tokens, in target steps: the cost model's when given, else as timed so
-        far (runner.decoding.stats.Stats.verify_steps); one step before anything was timed, so the first
-        proposals are made, and time what they cost."""
+        far (runner.decoding.stats.Stats.verify_steps), else UNTIMED_VERIFY_SLOPE's guess."""
         if self.costs:
             return self.costs[1]
-        return self.stats.verify_steps(k) or 1.0
+        timed = self.stats.verify_steps(k)
+        return timed if timed is not None else 1.0 + UNTIMED_VERIFY_SLOPE * k
 
     def ngram_observed(self, matched: int, proposed: int, accepted: int) -> None:
         """The verdict on an n-gram match of `matched` tokens: `accepted` of its first `proposed` tokens. A match

@@ -67,8 +67,8 @@ class RunHistory:
         """Why this run should decode plainly from its first token, or None: speculate as usual."""
         if seeded or self.unpaid < UNPAID_RUNS or (self.runs + 1) % self.explore_every() == 0:
             return None
-        return (f"the draft did not pay in the last {self.unpaid} runs of this bundle on this machine: plain decoding "
-                f"from the first token (every {self.explore_every()}th run speculates)")
+        return (f"the draft did not pay in the last {self.unpaid} runs of this bundle on this machine: the draft model left "
+                f"out from the first token (every {self.explore_every()}th run tries it)")
 
     def record(self, stats: Mapping[str, Any], advised: bool, seeded: bool) -> None:
         """One finished run: whether its speculation fell back for good (a run that did not speculate, advised
@@ -78,7 +78,8 @@ class RunHistory:
         self.runs += 1
         if not advised and stats.get("speculative_iterations"):
             fallback = stats.get("fallback")
-            self.unpaid = self.unpaid + 1 if fallback and not fallback.get("resumed") else 0
+            dropped = stats.get("draft_model_dropped")  # the draft model did not pay; prompt lookup went on
+            self.unpaid = self.unpaid + 1 if dropped or (fallback and not fallback.get("resumed")) else 0
         if self.save is not None:
             self.save(self.counts())
 

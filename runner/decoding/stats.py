@@ -70,6 +70,7 @@ class Stats:
     draft_tokens_final: int | None = None
     predicted_speedup: float | None = None  # the guard's last prediction (best k)
     fallback: dict | None = None  # {"at_token", "reason"} once the guard switched to plain decoding
+    model_dropped: dict | None = None  # {"at_token", "reason"} once the guard dropped the draft model for prompt lookup
     # (cache length before, tokens in) of every target forward, in order: how the target computed each
     # position, so a difference from plain decoding can be replayed in the same numerics (runner.bench.torch_bench).
     target_calls: list[tuple[int, int]] = field(default_factory=list)
@@ -223,4 +224,5 @@ class Stats:
             "realized_speedup": self.realized_speedup,
             "draft_tokens_final": self.draft_tokens_final,
             "methods": {m: {"iterations": c[0], "drafted": c[1], "accepted": c[2]} for m, c in self.by_method.items()},
+            "draft_model_dropped": self.model_dropped,
         }
