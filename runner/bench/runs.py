@@ -80,7 +80,11 @@ def chosen_method(stats: Any) -> str:
     used = "ngram+draft" if len(counts) > 1 else next(iter(counts), "draft" if stats.spec_tokens else "")
     if not used:
         return "plain"
-    used += ", then ngram" if getattr(stats, "model_dropped", None) else ""
+    dropped = getattr(stats, "model_dropped", None)
+    if dropped and not dropped["at_token"]:
+        used = "ngram (draft model left out)" if used == "ngram" else used  # the run history's advice
+    elif dropped:
+        used += ", then ngram"
     return f"{used}, then plain" if stats.fallback else used
 
 
