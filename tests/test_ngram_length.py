@@ -45,3 +45,33 @@ def test_a_cost_model_without_a_clock_decides_the_same_every_run():
     guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 1.0))
     assert guard.ngram_length(2, 5) == 5
     assert Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 4.0)).ngram_length(2, 5) == 0  # a = 0.5 never pays 4 steps
+
+
+def test_a_later_generation_starts_from_what_earlier_ones_learned_of_the_target():
+    from runner.decoding.guard import PassMemory
+
+    memory = PassMemory()
+    first = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None, memory=memory)
+    for _ in range(2):
+        first.stats.record_step(0.01)
+    for k in range(1, 9):  # passes about as cheap as a step (torch bf16 with AVX-512 BF16)
+        for _ in range(2):
+            first.timed_pass(k, 0.0102)
+    for _ in range(10):
+        first.ngram_observed(2, 4, 0)
+    fresh = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None)
+    later = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None, memory=memory)
+    assert fresh.verify_steps(4) == 1.0 + 0.5 * 4  # nothing timed: the guess
+    assert abs(later.verify_steps(4) - 1.02) < 1e-9  # the process's memory of the target
+    assert fresh.ngram_length(2, 8) == 0 and later.ngram_length(2, 8) == 8
+    accepted, rejections = later.by_match[2]
+    assert accepted / (accepted + rejections) < 0.2  # 2-token matches were chance repeats before
+
+
+def test_a_cost_model_never_reads_the_memory():
+    from runner.decoding.guard import PassMemory
+
+    memory = PassMemory()
+    memory.timed_pass(4, 9.0)
+    memory.timed_pass(4, 9.0)
+    assert Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 1.0), memory=memory).verify_steps(4) == 1.0

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runner.decoding.guard import Guard, parameter_costs
+from runner.decoding.guard import Guard, parameter_costs, pass_memory
 from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS, NgramProposer
 from runner.decoding.prompt_cache import CacheEntry, PromptCache
 from runner.decoding.sampling import Sampler
@@ -97,6 +97,7 @@ class BatchedGenerator:
         sizes = [self.target.vocab_size] + ([self.draft.vocab_size] if self.draft is not None else [])
         self.vocab_size = vocab_size or min(sizes)
         self.costs = parameter_costs(target, draft)
+        self.memory = pass_memory(target)  # what earlier generations on this target learned (runner.decoding.guard)
         self.draft_tokens, self.min_acceptance, self.use_guard = max(draft_tokens, 1), min_acceptance, guard
         self.methods, self.ngram = allowed_methods(methods, draft is not None), (ngram_min, ngram_max)
         self.stepper = Step(self.target, self.draft, adaptive=adaptive, draft_confidence=draft_confidence,
@@ -150,7 +151,7 @@ class BatchedGenerator:
         # A seeded sample must not depend on the clock (nor on the batch): its guard decides on a cost model.
         costs = self.costs if seeded else None
         if self.use_guard and self.methods:
-            s.guard = Guard(s.stats, 2 * self.draft_tokens, self.min_acceptance, costs)
+            s.guard = Guard(s.stats, 2 * self.draft_tokens, self.min_acceptance, costs, self.memory)
             if start_plain:
                 s.guard.start_plain(start_plain, self.methods)
         if any(m != "draft" for m in self.methods):

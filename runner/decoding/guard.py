@@ -9,10 +9,11 @@ from __future__ import annotations
 
 __all__ = [
     "Guard", "LOSS_BUDGET", "LOSS_FLOOR", "PATIENCE", "RETRY_AFTER", "TRIAL_ITERATIONS", "TRY_EACH", "WARMUP_ITERATIONS",
-    "NGRAM_MATCH_PRIOR", "PRIOR_ACCEPTANCE", "parameter_costs", "prior_verdict",
+    "NGRAM_MATCH_PRIOR", "PRIOR_ACCEPTANCE", "PassMemory", "parameter_costs", "pass_memory", "prior_verdict",
 ]
 
 import math
+import weakref
 
 from runner.decoding import cost_prior
 from runner.decoding.stats import Stats, best_predicted_speedup, expected_tokens
@@ -46,6 +47,46 @@ NGRAM_MATCH_LENGTHS = 4
 # what was measured (llama.cpp and bf16 on AVX2, two cores: docs/benchmarks.md), so the first proposals are
 # short, and timed; where passes turn out cheap, the timed costs lengthen them.
 UNTIMED_VERIFY_SLOPE = 0.5
+MEMORY_WEIGHT = 8.0  # earlier generations' n-gram acceptance counts as this many observations, at most
+
+
+class PassMemory:
+    """What a process has learned of one target over its generations, so that the next generation's guard starts
+    from it instead of from guesses: the cost of a verify pass per number of proposed tokens, in target steps, and
+    the acceptance of n-gram matches per matched suffix length (decaying, so it follows a workload that changes).
+    `bundle bench` and `serve` run many generations in one process; `bundle run` one."""
+
+    KEPT = 32  # passes of one length the mean covers, at most
+    DECAY = 0.98  # per observed match, across generations
+
+    def __init__(self) -> None:
+        self.verify: dict[int, list[float]] = {}  # k -> [sum of target steps, passes]
+        self.by_match: dict[int, tuple[float, float]] = {}
+
+    def timed_pass(self, k: int, steps: float) -> None:
+        total = self.verify.setdefault(k, [0.0, 0.0])
+        if total[1] >= self.KEPT:
+            total[0], total[1] = total[0] * (self.KEPT - 1) / self.KEPT, self.KEPT - 1
+        total[0], total[1] = total[0] + steps, total[1] + 1
+
+    def verify_steps(self, k: int) -> float | None:
+        total = self.verify.get(k)
+        return max(total[0] / total[1], 1.0) if total and total[1] >= 2 else None
+
+    def matched(self, key: int, proposed: int, accepted: int) -> None:
+        a, r = self.by_match.get(key, (0.0, 0.0))
+        self.by_match[key] = (a * self.DECAY + accepted, r * self.DECAY + (accepted < proposed))
+
+
+_MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pass_memory(target) -> PassMemory:
+    """The process's PassMemory of a target (an engine or a torch model), kept while the target lives."""
+    memory = _MEMORIES.get(target)
+    if memory is None:
+        memory = _MEMORIES[target] = PassMemory()
+    return memory
 
 
 def parameter_costs(target, draft) -> tuple[float, float]:
@@ -92,8 +133,11 @@ class Guard:
     steps) replaces the timed ones when given: the decisions then depend on no clock.
     """
 
-    def __init__(self, stats: Stats, max_k: int, min_acceptance: float, costs: tuple[float, float] | None) -> None:
+    def __init__(self, stats: Stats, max_k: int, min_acceptance: float, costs: tuple[float, float] | None,
+                 memory: PassMemory | None = None) -> None:
         self.stats, self.max_k, self.min_acceptance, self.costs = stats, max_k, min_acceptance, costs
+        # the process's memory of the target; not with a cost model (a seeded sample never depends on earlier runs)
+        self.memory = memory if costs is None else None
         self.window = [0.0, 0.0, 0.0, 0.0]  # accepted, rejections, seconds, tokens
         self.iterations = self.below = 0
         self.plain_until: float | None = None  # while fallen back: the token count at which a trial starts
@@ -102,7 +146,11 @@ class Guard:
         self.k_cap = max_k  # drafts per iteration at most: lowered when only shorter drafts pay
         self.by_method: dict[str, list[float]] = {}  # per kind of proposal: a decaying [accepted, rejections]
         self.lookups = [0.0, 0.0]  # n-gram lookups: a decaying [proposed, looked]
-        self.by_match: dict[int, tuple[float, float]] = {}  # n-gram acceptance per matched suffix length, decaying
+        # n-gram acceptance per matched suffix length, decaying: from earlier generations' (weighed as a few matches)
+        self.by_match: dict[int, tuple[float, float]] = {}
+        for key, (a, r) in (self.memory.by_match.items() if self.memory else ()):
+            weight = min(1.0, MEMORY_WEIGHT / (a + r)) if a + r else 0.0
+            self.by_match[key] = (NGRAM_MATCH_PRIOR[0] + a * weight, NGRAM_MATCH_PRIOR[1] + r * weight)
         self._kinds, self._kinds_at = (math.inf, math.inf), (-1, -1)  # the kinds' predicted speed-ups, and when
         self.allowed: tuple[str, ...] = ()  # the methods the step last offered
         self.model_dropped = False  # the draft model was dropped: prompt lookup proposes alone
@@ -223,11 +271,21 @@ class Guard:
 
     def verify_steps(self, k: int) -> float:
         """A verify pass over k proposed tokens, in target steps: the cost model's when given, else as timed so
-        far (runner.decoding.stats.Stats.verify_steps), else UNTIMED_VERIFY_SLOPE's guess."""
+        far: this generation's passes of that length, else the process's (PassMemory), else this generation's
+        linear fit (runner.decoding.stats.Stats.verify_steps), else UNTIMED_VERIFY_SLOPE's guess."""
         if self.costs:
             return self.costs[1]
-        timed = self.stats.verify_steps(k)
-        return timed if timed is not None else 1.0 + UNTIMED_VERIFY_SLOPE * k
+        for timed in (self.stats.verify_steps(k, fit=False), self.memory and self.memory.verify_steps(k),
+                      self.stats.verify_steps(k)):
+            if timed:
+                return timed
+        return 1.0 + UNTIMED_VERIFY_SLOPE * k
+
+    def timed_pass(self, k: int, seconds: float) -> None:
+        """A verify pass over k proposed tokens took `seconds` (its share of the pass): into the process's memory."""
+        step = self.stats.step_time
+        if self.memory is not None and step:
+            self.memory.timed_pass(k, seconds / step)
 
     def ngram_observed(self, matched: int, proposed: int, accepted: int) -> None:
         """The verdict on an n-gram match of `matched` tokens: `accepted` of its first `proposed` tokens. A match
@@ -236,6 +294,8 @@ class Guard:
         key = min(matched, NGRAM_MATCH_LENGTHS)
         a, r = self.by_match.get(key, NGRAM_MATCH_PRIOR)
         self.by_match[key] = (a * DECAY + accepted, r * DECAY + (accepted < proposed))
+        if self.memory is not None:
+            self.memory.matched(key, proposed, accepted)
 
     def _kind_speedup(self, kind: str) -> float:
         """The predicted speed-up of one kind of proposal ("draft", "ngram"); inf until tried TRY_EACH times."""

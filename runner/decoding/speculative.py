@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runner.decoding.guard import Guard, parameter_costs
+from runner.decoding.guard import Guard, parameter_costs, pass_memory
 from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS, NgramProposer
 from runner.decoding.sampling import Sampler
 from runner.decoding.settings import cache_tokens
@@ -131,6 +131,7 @@ def generate_speculative(
     draft may be None); ngram_min, ngram_max, ngram_tokens: the n-gram sizes looked up and the longest proposal.
     target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
+    memory = pass_memory(target) if guard else None  # the model's, kept across calls (as_engine wraps anew)
     target, draft = as_engine(target), as_engine(draft) if draft is not None else None
     engines = [target] + ([draft] if draft is not None else [])
     ids = _as_ids(input_ids, target.device)
@@ -138,7 +139,7 @@ def generate_speculative(
     stats, k = Stats(), max(draft_tokens, 1)
     # A seeded sample must not depend on the clock: when to fall back is then decided without timings.
     costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
-    judge = Guard(stats, 2 * k, min_acceptance, costs) if guard else None
+    judge = Guard(stats, 2 * k, min_acceptance, costs, memory) if guard else None
     methods = allowed_methods(methods, draft is not None)
     if judge and start_plain:
         judge.start_plain(start_plain, methods)

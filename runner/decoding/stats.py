@@ -178,16 +178,18 @@ class Stats:
         den = sum(n * k * k for k, n in self.verifies_by_k.items())
         return max(num / den, 0.0) if den else None
 
-    def verify_steps(self, k: int, samples: int = 2) -> float | None:
+    def verify_steps(self, k: int, samples: int = 2, fit: bool = True) -> float | None:
         """What a verify pass over k drafts costs, in target steps: the mean of the passes of that length where
-        `samples` were timed (llama.cpp's kernels make some lengths cheaper than their neighbours), else the
-        linear fit (verify_slope); None before a step and a pass were timed."""
+        `samples` were timed (llama.cpp's kernels make some lengths cheaper than their neighbours), else (fit)
+        the linear fit (verify_slope); None before a step and a pass were timed."""
         step = self.step_time
         if not step:
             return None
         timed = self.verifies_by_k.get(k, 0)
         if timed >= samples:
             return max(self.verify_time_by_k[k] / timed / step, 1.0)
+        if not fit:
+            return None
         slope = self.verify_slope
         return None if slope is None else 1.0 + slope * k
 

@@ -282,6 +282,8 @@ class Step:
         before = self.target.length(s.seq) - k - 1
         stats.target_calls.append((before, k + 1))
         stats.record_iteration(k, n, proposal.seconds, seconds, catch_up=proposal.catch_up, method=method)
+        if s.guard is not None:
+            s.guard.timed_pass(k, seconds)
         if n < k:
             self.target.keep(s.seq, before + 1 + n)
         self._keep_draft(s, method, drafted, n, token)
