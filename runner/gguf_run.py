@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runner.checks import gguf_model
 from runner.checks.memory import check_memory
-from runner.decoding.settings import cache_tokens, thread_count
+from runner.decoding.settings import DecodingSettings, cache_tokens, thread_count
 from runner.engines import llamacpp
 from runner.models import chat_template
 from runner.pair import LoadedPair
@@ -70,7 +70,7 @@ def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_
     files, headers = checked["files"], checked["headers"]
     tokenizer = GGUFTokenizer(files["target"], headers["target"]["metadata"])
     prompt_tokens, new_tokens = context(tokenizer) if callable(context) else context
-    n_ctx = cache_tokens(prompt_tokens, new_tokens, draft_tokens)
+    n_ctx = cache_tokens(prompt_tokens, new_tokens, draft_tokens, DecodingSettings.from_params(params).ngram_tokens)
     memory = gguf_model.estimate_memory(headers, n_ctx)
     check_memory(memory, memory_budget, "cpu")
     threads = thread_count(params)

@@ -29,7 +29,7 @@ from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
 from runner.checks.memory import check_memory
 from runner.checks.pairing import check_pairing
 from runner.decoding.run_history import with_history
-from runner.decoding.settings import DRAFT_FREE_METHODS, cache_tokens, draft_length, thread_count
+from runner.decoding.settings import DRAFT_FREE_METHODS, DecodingSettings, cache_tokens, draft_length, thread_count
 from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -205,7 +205,7 @@ def load_pair(
     dirs = checked["dirs"]
     tokenizer = load_tokenizer(checked["tokenizer_dir"])  # transformers' AutoTokenizer where a lean one would differ
     prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
-    max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens)
+    max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens, DecodingSettings.from_params(params).ngram_tokens)
     torch_later = "torch" not in sys.modules  # a CPU build imports it while the weights are read (resolve_device)
     memory = estimate_memory(dirs["target"], dirs.get("draft"), dtype, max_tokens, prompt_tokens=prompt_tokens,
                              draft_tokens=draft_tokens, ranges=ranges)

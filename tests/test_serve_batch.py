@@ -292,7 +292,7 @@ def _stranger_store(base: Path, keypair) -> Path:
 def test_after_three_requests_whose_draft_did_not_pay_requests_leave_the_draft_model_out_from_the_first_token(
         tmp_path: Path, keypair) -> None:
     """The server's memory of its guards (as `bundle run`'s run history): a draft that rarely agrees (another
-    random model) falls back in each request; from the fourth request on, the draft model does not run at all
+    random model) is dropped in each request; from the fourth request on, the draft model does not run at all
     (prompt lookup, which the bundle allows, may still propose)."""
     srv = Server(_stranger_store(tmp_path, keypair), keypair[1], "--sequences", "2")
     try:
@@ -302,8 +302,8 @@ def test_after_three_requests_whose_draft_did_not_pay_requests_leave_the_draft_m
             stats.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["specbundle"]["stats"])
     finally:
         assert srv.stop() == 0
-    for s in stats[:3]:
-        assert s["speculative_iterations"] and s["fallback"] and not s["fallback"]["resumed"]
+    for s in stats[:3]:  # the draft model dropped (prompt lookup went on), or all speculation fell back for good
+        assert s["speculative_iterations"] and (s["draft_model_dropped"] or s["fallback"] and not s["fallback"]["resumed"])
     assert stats[3]["draft_passes"] == 0 and "draft" not in stats[3]["methods"]
     assert stats[3]["draft_model_dropped"]["at_token"] == 0 and "did not pay" in stats[3]["draft_model_dropped"]["reason"]
 

@@ -122,7 +122,7 @@ class BatchedGenerator:
         """A generation joins at the next step (its prompt is prefilled in chunks among the others' tokens)."""
         if not prompt_ids:
             raise ValueError("the prompt has no tokens")
-        room = cache_tokens(len(prompt_ids), max_new_tokens, self.draft_tokens)
+        room = cache_tokens(len(prompt_ids), max_new_tokens, self.draft_tokens, self.stepper.ngram_tokens if any(m != "draft" for m in self.methods) else 0)
         if room > self.target.n_ctx_seq:
             raise ValueError(f"{room} tokens exceed a sequence's context ({self.target.n_ctx_seq})")
         seq = self._seat(prompt_ids)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 DEFAULT_MIN_N = 2  # a 1-gram match follows common tokens (spaces, commas) anywhere and rarely continues
 DEFAULT_MAX_N = 4  # past 4 tokens a match is almost always a copy already found by its 4-token suffix
-DEFAULT_NGRAM_TOKENS = 8  # a copied span runs long once found; the verify pass cost grows slowly with k
+DEFAULT_NGRAM_TOKENS = 10  # a copied span runs long once found (transformers' prompt_lookup_num_tokens: 10 too)
 
 
 class NgramProposer:

@@ -37,11 +37,12 @@ def thread_count(params: Mapping[str, Any]) -> int:
     return int(params.get("threads") or usable_cpus())
 
 
-def cache_tokens(prompt_tokens: int, max_new_tokens: int, draft_tokens: int) -> int:
+def cache_tokens(prompt_tokens: int, max_new_tokens: int, draft_tokens: int, ngram_tokens: int = 0) -> int:
     """The positions one generation may write to each model's cache: the prompt and the new tokens, plus the
     look-ahead of a verify pass, which writes the last kept token and up to 2 * draft_tokens drafts (adaptive
-    drafts grow to twice draft_tokens) in one call before the rejected ones are cropped: k + 1 positions."""
-    return prompt_tokens + max_new_tokens + 2 * max(draft_tokens, 1) + 1
+    drafts grow to twice draft_tokens), or ngram_tokens of a prompt lookup, in one call before the rejected ones
+    are cropped: k + 1 positions."""
+    return prompt_tokens + max_new_tokens + max(2 * max(draft_tokens, 1), ngram_tokens) + 1
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ def generate_speculative(
     step = Step(EngineRows(target), EngineRows(draft) if draft is not None else None, adaptive=adaptive,
                 draft_confidence=draft_confidence, eos=set(eos_ids), ngram_tokens=ngram_tokens)
     start = time.perf_counter()
-    room = cache_tokens(len(ids), max_new_tokens, draft_tokens)
+    room = cache_tokens(len(ids), max_new_tokens, draft_tokens, ngram_tokens if proposer is not None else 0)
     for engine in engines:
         engine.reset(room)
     s.last = int(_prefill(target, ids, stats))

@@ -148,7 +148,7 @@ class Step:
 
     adaptive: the draft model's length follows acceptance; draft_confidence: its drafting stops once its own
     probability of the whole proposal falls below this; ngram_tokens: the longest n-gram proposal (at most
-    2 * draft_tokens, the look-ahead the caches are sized for: runner.decoding.settings.cache_tokens)."""
+    the look-ahead the caches are sized for with it: runner.decoding.settings.cache_tokens)."""
 
     def __init__(self, target: BatchContext | EngineRows, draft: BatchContext | EngineRows | None, *, adaptive: bool,
                  draft_confidence: float, eos: set[int], ngram_tokens: int) -> None:
@@ -163,7 +163,7 @@ class Step:
         cap = s.guard.k_cap if s.guard is not None else s.max_k  # the caches have room for max_k + 1 at once
         method = s.guard.method(s.methods) if s.guard is not None else s.methods[0]
         if method != "draft" and s.proposer is not None:
-            longest = min(self.ngram_tokens, cap, remaining)
+            longest = min(self.ngram_tokens, remaining)  # the guard then says how much of the match pays
             proposal, matched = s.proposer.propose_match(longest) if longest > 0 else ([], 0)
             proposal = proposal[: next((i for i, t in enumerate(proposal) if t >= s.sampler.vocab_size), len(proposal))]
             if s.guard is not None and longest > 0:
