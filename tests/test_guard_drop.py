@@ -17,7 +17,7 @@ def losing_draft(guard: Guard, methods: tuple[str, ...], iterations: int = 12) -
 
 
 def test_a_losing_draft_model_is_dropped_and_prompt_lookup_goes_on():
-    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.2, 1.0))
+    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.2, 1.0), methods=ALL)
     losing_draft(guard, ALL)
     assert guard.model_dropped and guard.stats.fallback is None
     assert guard.stats.model_dropped["reason"].startswith("predicted speed-up")
@@ -28,13 +28,13 @@ def test_a_losing_draft_model_is_dropped_and_prompt_lookup_goes_on():
 
 
 def test_without_prompt_lookup_a_losing_draft_model_falls_back_to_plain():
-    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.2, 1.0))
+    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.2, 1.0), methods=("draft",))
     losing_draft(guard, ("draft",))
     assert not guard.model_dropped and guard.stats.fallback is not None
 
 
 def test_the_next_verdict_after_the_drop_falls_back():
-    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 3.0))
+    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 3.0), methods=ALL)
     losing_draft(guard, ALL)
     assert guard.model_dropped
     for i in range(12):  # lookup's proposals rejected too, each pass costing 3 steps
@@ -44,11 +44,11 @@ def test_the_next_verdict_after_the_drop_falls_back():
 
 
 def test_the_run_history_advice_leaves_only_the_draft_model_out_where_lookup_is_allowed():
-    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None)
-    guard.start_plain("advised", ALL)
+    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None, methods=ALL)
+    guard.start_plain("advised")
     assert guard.model_dropped and guard.stats.fallback is None and guard.method(ALL) == "ngram"
-    plain = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None)
-    plain.start_plain("advised", ("draft",))
+    plain = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None, methods=("draft",))
+    plain.start_plain("advised")
     assert plain.stats.fallback["at_token"] == 0 and not plain.drafting(0)
 
 

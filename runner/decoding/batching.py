@@ -151,9 +151,9 @@ class BatchedGenerator:
         # A seeded sample must not depend on the clock (nor on the batch): its guard decides on a cost model.
         costs = self.costs if seeded else None
         if self.use_guard and self.methods:
-            s.guard = Guard(s.stats, 2 * self.draft_tokens, self.min_acceptance, costs, self.memory)
+            s.guard = Guard(s.stats, 2 * self.draft_tokens, self.min_acceptance, costs, self.memory, self.methods)
             if start_plain:
-                s.guard.start_plain(start_plain, self.methods)
+                s.guard.start_plain(start_plain)
         if any(m != "draft" for m in self.methods):
             s.proposer = NgramProposer(*self.ngram)
             s.proposer.extend(prompt)

@@ -134,8 +134,9 @@ class Guard:
     """
 
     def __init__(self, stats: Stats, max_k: int, min_acceptance: float, costs: tuple[float, float] | None,
-                 memory: PassMemory | None = None) -> None:
+                 memory: PassMemory | None = None, methods: tuple[str, ...] = ()) -> None:
         self.stats, self.max_k, self.min_acceptance, self.costs = stats, max_k, min_acceptance, costs
+        self.lookup_allowed = any(m != "draft" for m in methods)  # prompt lookup may propose without the draft model
         # the process's memory of the target; not with a cost model (a seeded sample never depends on earlier runs)
         self.memory = memory if costs is None else None
         self.window = [0.0, 0.0, 0.0, 0.0]  # accepted, rejections, seconds, tokens
@@ -152,7 +153,6 @@ class Guard:
             weight = min(1.0, MEMORY_WEIGHT / (a + r)) if a + r else 0.0
             self.by_match[key] = (NGRAM_MATCH_PRIOR[0] + a * weight, NGRAM_MATCH_PRIOR[1] + r * weight)
         self._kinds, self._kinds_at = (math.inf, math.inf), (-1, -1)  # the kinds' predicted speed-ups, and when
-        self.allowed: tuple[str, ...] = ()  # the methods the step last offered
         self.model_dropped = False  # the draft model was dropped: prompt lookup proposes alone
         self.forgiven = 0.0  # target steps the dropped draft model lost, not charged to prompt lookup's budget
 
@@ -172,11 +172,11 @@ class Guard:
             stats.steps_timed < PROBE_STEPS or stats.speculative_iterations >= PROBE_EVERY * stats.steps_timed
         )  # a few plain steps early, then one now and then: the baseline follows the context's growth
 
-    def start_plain(self, reason: str, methods: tuple[str, ...] = ()) -> None:
+    def start_plain(self, reason: str) -> None:
         """Without the draft model from the first token (runner.decoding.run_history's advice), with its reason:
-        prompt lookup alone where `methods` allow it, else plain decoding and no trial."""
-        if any(m != "draft" for m in methods):
-            self.allowed, self.model_dropped = methods, True
+        prompt lookup alone where the methods allow it, else plain decoding and no trial."""
+        if self.lookup_allowed:
+            self.model_dropped = True
             self.stats.model_dropped = {"at_token": 0, "reason": reason}
             return
         self.stats.fallback = {"at_token": 0, "reason": reason, "retries": 0, "resumed": 0}
@@ -219,7 +219,7 @@ class Guard:
         pay and gains where the text copies. What the model lost is left out of the budget lookup then gets;
         the next verdict against speculation falls back to plain decoding as before. Once per sequence."""
         if (self.model_dropped or self.stats.fallback is not None or not self.stats.by_method.get("draft")
-                or not any(m != "draft" for m in self.allowed)):
+                or not self.lookup_allowed):
             return False
         self.model_dropped = True
         self.stats.model_dropped = {"at_token": produced, "reason": reason}
@@ -233,7 +233,6 @@ class Guard:
         acceptance at no proposing cost, a draft model iteration's from its acceptance and the draft's cost,
         weighed by how often the n-gram finds a match (where it finds none, "ngram" takes a plain step and
         "ngram+draft" lets the draft model propose). Once the draft model is dropped, "ngram" alone."""
-        self.allowed = methods
         if self.model_dropped:
             return "ngram"
         if len(methods) == 1:

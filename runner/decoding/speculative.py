@@ -125,10 +125,11 @@ def generate_speculative(
     acceptance below `min_acceptance`), with trials of speculation now and then (runner.decoding.guard);
     the first fallback is recorded in stats.fallback. vocab_size: compare the models on ids below it (default:
     the smaller embedding). on_tokens receives each batch of new tokens; returning True from it stops the
-    generation after that batch. start_plain: a reason to leave the draft model out from the first token: prompt lookup alone where methods
-    allow it (it becomes stats.model_dropped), else plain decoding with no trial (stats.fallback)
-    (runner.decoding.run_history: the draft did not pay in the last runs); ignored without the guard. methods: how tokens are proposed (runner.decoding.step.METHODS; "ngram" needs no draft:
-    draft may be None); ngram_min, ngram_max, ngram_tokens: the n-gram sizes looked up and the longest proposal.
+    generation after that batch. start_plain: a reason to leave the draft model out from the first token
+    (runner.decoding.run_history: the draft did not pay in the last runs): prompt lookup alone where methods
+    allow it (stats.model_dropped), else plain decoding with no trial (stats.fallback); ignored without the
+    guard. methods: how tokens are proposed (runner.decoding.step.METHODS; "ngram" needs no draft: draft may be
+    None); ngram_min, ngram_max, ngram_tokens: the n-gram sizes looked up and the longest proposal.
     target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
     memory = pass_memory(target) if guard else None  # the model's, kept across calls (as_engine wraps anew)
@@ -139,10 +140,10 @@ def generate_speculative(
     stats, k = Stats(), max(draft_tokens, 1)
     # A seeded sample must not depend on the clock: when to fall back is then decided without timings.
     costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
-    judge = Guard(stats, 2 * k, min_acceptance, costs, memory) if guard else None
     methods = allowed_methods(methods, draft is not None)
+    judge = Guard(stats, 2 * k, min_acceptance, costs, memory, methods) if guard else None
     if judge and start_plain:
-        judge.start_plain(start_plain, methods)
+        judge.start_plain(start_plain)
     proposer = NgramProposer(ngram_min, ngram_max) if any(m != "draft" for m in methods) else None
     s = SequenceState(seq=0, sampler=sampler, max_new_tokens=max_new_tokens, k=k, max_k=2 * k, methods=methods,
                       guard=judge, proposer=proposer, on_tokens=on_tokens, stats=stats)
