@@ -54,7 +54,7 @@ def test_piped_stdin_without_prompt_is_the_prompt(signed, keypair) -> None:
 def test_prompt_dash_and_prompt_file_read_the_prompt(monkeypatch, tmp_path: Path) -> None:
     import io
 
-    from bundler.cli import _read_prompt
+    from bundler.cli.options import read_prompt as _read_prompt
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("from stdin\n"))
     assert _read_prompt("-", None) == "from stdin"

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RequestGuard", "ServeLimits", "connection_room", "protocol_class"]
+__all__ = ["DEFAULT_HOST", "RequestGuard", "ServeLimits", "connection_room", "described", "protocol_class"]
 
 import asyncio
 import ipaddress
@@ -32,6 +32,13 @@ from bundler.serve.openai_requests import DEFAULT_MAX_BODY
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_HOST = "127.0.0.1"  # loopback unless the user says otherwise
+
+
+def described(default: Any, help: str) -> Any:
+    """A settings field whose default and help text `bundle serve`'s option takes from it (bundler.cli.serving):
+    each default is written once."""
+    return field(default=default, metadata={"help": help})
 DEFAULT_BODY_TIMEOUT_S = 30.0  # 1 MiB at 35 kB/s: a slow client is served, a stalled one is not held open
 MAX_CONNECTIONS_CEILING = 1024
 RESERVED_FILES = 64  # the model files, the store, logs, pipes: what the process opens besides sockets
@@ -73,10 +80,10 @@ def _is_ip(name: str) -> bool:
 class ServeLimits:
     """The bounds of one server: bound address, extra host names, body size and the connection bounds."""
 
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     allowed_hosts: tuple[str, ...] = ()
-    max_body: int = DEFAULT_MAX_BODY
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    max_body: int = described(DEFAULT_MAX_BODY, "Largest request body (413 above it): 64KiB, 1MiB or bytes.")
+    header_timeout_s: float = described(DEFAULT_HEADER_TIMEOUT_S, "Seconds a client has to send a request's headers.")
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = field(default_factory=default_max_connections)
 

@@ -8,7 +8,7 @@ __all__ = ["BatchSettings", "LoadOptions", "ServeSettings"]
 from dataclasses import dataclass, field
 from typing import Any
 
-from bundler.serve.request_guard import ServeLimits
+from bundler.serve.request_guard import DEFAULT_HOST, ServeLimits, described
 
 REQUEST_TIME_LIMIT_S = 300.0
 
@@ -42,13 +42,14 @@ class BatchSettings:
 class ServeSettings:
     """Everything `serve_bundle` takes besides the bundle's source and the trusted keys."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = described(DEFAULT_HOST, "Address to listen on (loopback unless you say otherwise).")
+    port: int = described(8000, "Port to listen on.")
     api_key: str | None = None  # clients send `Authorization: Bearer <key>`; None: no key asked
     open_probes: bool = False  # /health, /livez and /metrics answer without the key (/metrics then without the prompt cache's figures)
     served_model_name: str | None = None  # a name the model also answers to (KServe's InferenceService name)
-    max_queue: int = 16
-    time_limit_s: float = REQUEST_TIME_LIMIT_S  # a request's, queue included; also the worker's stall limit (/livez)
+    max_queue: int = described(16, "Requests that may wait; more answer 429.")
+    # A request's, queue included; also the worker's stall limit (/livez).
+    time_limit_s: float = described(REQUEST_TIME_LIMIT_S, "Seconds a request may take (queue included).")
     limits: ServeLimits = field(default_factory=ServeLimits)
     load: LoadOptions = field(default_factory=LoadOptions)
     batch: BatchSettings = field(default_factory=BatchSettings)

@@ -1,0 +1,107 @@
+"""`bundle serve`: verify and load as `run` does, then an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+__all__ = ["serve"]
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from bundler.cli.app import command, main, password, trusted
+from bundler.cli.options import expected_reference, max_body_option, memory_budget_option, prompt_cache_option
+from bundler.store.layout import Store
+from bundler.store.refs import parse_ref
+from bundler.trust import keys
+from core.errors import BundleError
+from bundler.serve.request_guard import ServeLimits
+from bundler.serve.settings import ServeSettings
+
+
+def setting(decl: str, owner: type, name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An option whose default and help are the settings field's (bundler.serve.settings): each written once."""
+    spec = {f.name: f for f in dataclasses.fields(owner)}[name]
+    return click.option(decl, default=spec.default, show_default=True, help=spec.metadata["help"], **kwargs)
+
+
+@main.command()
+@click.argument("ref", required=False)
+@click.option("--from-dir", type=click.Path(file_okay=False), help="Serve a directory `bundle fetch` filled (checked against its evidence first) instead of REF.")
+@click.option("--expect", envvar="BUNDLE_EXPECT", help="With --from-dir: the bundle the directory must hold, NAME:TAG, NAME@sha256:<hex>, sha256:<hex> or the STORAGE_URI (also $BUNDLE_EXPECT); its signed name, version or digest must agree.")
+@setting("--host", ServeSettings, "host")
+@setting("--port", ServeSettings, "port", type=click.IntRange(1, 65535))
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key clients must send as `Authorization: Bearer <key>`.")
+@click.option("--open-probes", is_flag=True, help="GET /health, /livez and /metrics answer without the API key (Kubernetes probes and Prometheus scrapes send none; /metrics then leaves out the prompt cache's figures).")
+@click.option("--served-model-name", envvar="BUNDLE_SERVED_MODEL_NAME", help="Another name the model answers to besides the bundle reference (KServe: the InferenceService's name; also $BUNDLE_SERVED_MODEL_NAME).")
+@setting("--max-queue", ServeSettings, "max_queue", type=click.IntRange(1, 4096))
+@setting("--time-limit", ServeSettings, "time_limit_s", type=click.FloatRange(0.1))
+@click.option("--sequences", type=click.IntRange(1, 64), help="Requests decoded at once in one batch (llama.cpp, and torch models our compact forward runs; default: as many KV caches as fit, at most 8).")
+@click.option("--no-draft", "speculate", flag_value=False, default=True, help="Decode with the target alone (where requests decode in a batch): a baseline for benchmarks.")
+@click.option("--prompt-cache", callback=prompt_cache_option, help="Host memory for copies of finished requests' cache cells, which a request with the same start gets back (where requests decode in a batch): 2GiB, 0 for none (default: half the memory left, at most 8GiB).")
+@click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
+@click.option("--device", help="cpu or cuda (default: cuda when available).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
+@click.option("--memory-budget", callback=memory_budget_option, help="Memory the pair may use: 300MB, 2GiB or bytes (default: available memory).")
+@click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
+@setting("--max-body", ServeLimits, "max_body", type=str, callback=max_body_option)
+@click.option("--allowed-host", "allowed_hosts", multiple=True, help="Another Host name to answer for besides loopback and --host (repeatable; `*`: any, behind a proxy).")
+@click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
+@setting("--header-timeout", ServeLimits, "header_timeout_s", type=click.FloatRange(0.1, 3600))
+@command
+def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
+          time_limit: float, attest_key: str | None, open_probes: bool, served_model_name: str | None, max_body: int, allowed_hosts: tuple[str, ...],
+          max_connections: int | None, header_timeout: float, sequences: int | None, speculate: bool, prompt_cache: int | None, **options: Any) -> None:
+    """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
+    from bundler.serve.request_guard import connection_room
+    from bundler.serve.server import serve_bundle
+    from bundler.serve.settings import BatchSettings, LoadOptions
+    from bundler.serve.sources import DirSource, StoreSource
+
+    limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
+    if max_connections is not None:
+        if max_connections > connection_room():
+            raise BundleError("usage", f"--max-connections {max_connections} is above what the file limit leaves room for "
+                                       f"({connection_room()}); raise `ulimit -n` or ask for fewer")
+        limits.max_connections = max_connections
+
+    if (ref is None) == (from_dir is None):
+        raise BundleError("usage", "give either REF or --from-dir DIR")
+    if from_dir and attest_key:
+        raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
+    expected = expected_reference(from_dir, expect)
+
+    api_key = None
+    if api_key_file:
+        try:
+            api_key = Path(api_key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BundleError("usage", f"--api-key-file {api_key_file}: cannot read it ({type(exc).__name__})") from None
+        if not api_key:
+            raise BundleError("usage", f"--api-key-file {api_key_file} is empty")
+    records = None
+    if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
+        from bundler.trust.runrecord import ServeRecords
+
+        recorded = {"max_queue": max_queue, "time_limit_s": time_limit, "sequences": sequences, "speculate": speculate,
+                    "prompt_cache": prompt_cache, **options}
+        records = ServeRecords(store, keys.load_private_key(Path(attest_key), password()), recorded)
+
+    def ready(info: dict[str, Any]) -> None:
+        click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
+        if from_dir and not expect:  # once serving: a refusal stays the one line CONTRACT.md promises
+            click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
+                       "under its signed name: pin the reference or digest", err=True)
+
+    try:
+        source = DirSource(Path(from_dir), expected, store) if from_dir else StoreSource(store, parse_ref(ref))
+        settings = ServeSettings(host=host, port=port, api_key=api_key, open_probes=open_probes, served_model_name=served_model_name,
+                                 max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options),
+                                 batch=BatchSettings(sequences=sequences, speculate=speculate, prompt_cache=prompt_cache))
+        serve_bundle(source, trusted(key_paths), settings, on_ready=ready, on_record=records.attach if records else None)
+    finally:
+        written = records.close() if records else None
+        if written:
+            click.echo(f"run record {written.record} signed by {written.key_id[:16]}…", err=True)
