@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable

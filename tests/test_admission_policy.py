@@ -6,7 +6,6 @@ tests/data/crds/SOURCES.json), name exactly the reference the manifests pin."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any, Callable
