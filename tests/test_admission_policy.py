@@ -1,63 +1,38 @@
-"""deploy/admission's ValidatingAdmissionPolicy, its CEL evaluated with cel-python (Google's CEL, as the API server
+"""deploy/admission's ValidatingAdmissionPolicy, its CEL evaluated with cel-python (tests/admission.py) (Google's CEL, as the API server
 evaluates it): the shipped Deployment and InferenceService pass; a pod that would serve a bundle unpinned, without
 the verifying init container, bound to another reference, or with --allow-unsigned is refused. And the Kyverno
-policy's image extractors, applied as Kyverno's source applies them (pkg/utils/api/image.go at the commit in
+ClusterPolicy's image extractors (kept for Kyverno < 1.18), applied as Kyverno's source applies them (pkg/utils/api/image.go at the commit in
 tests/data/crds/SOURCES.json), name exactly the reference the manifests pin."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any, Callable
 
-import celpy
 import jmespath
 import jmespath.functions
 import pytest
 import yaml
 
-from tests.fleet import Manifests
-from tests.test_manifests import _kserve_objects
+from tests.admission import VAP_FILE, admit, inferenceservice
+from tests.admission import deployment as rendered_deployment
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICY_FILE = ROOT / "deploy" / "admission" / "validatingadmissionpolicy.yaml"
-KYVERNO = ROOT / "docs" / "policies" / "kyverno-verify-bundles.yaml"
-USER = {"username": "alice", "groups": ["system:authenticated"]}
+POLICY_FILE = VAP_FILE
+KYVERNO = ROOT / "docs" / "policies" / "kyverno-clusterpolicy-before-1.18.yaml"  # the ClusterPolicy, Kyverno < 1.18
 
 
 def _policy() -> dict[str, Any]:
     return next(d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d and d["kind"] == "ValidatingAdmissionPolicy")
 
 
-def _eval(env: celpy.Environment, expression: str, activation: dict[str, Any]) -> Any:
-    result = env.program(env.compile(expression)).evaluate(activation)
-    if isinstance(result, celpy.CELEvalError):
-        raise AssertionError(f"{expression!r}: {result}")
-    return result
-
-
-def admit(obj: dict[str, Any], user: dict[str, Any] = USER) -> list[str]:
-    """The messages of the validations that fail (empty: admitted), as the API server runs the policy: the match
-    conditions, then the variables in order (each sees those before it), then every validation."""
-    policy, env = _policy()["spec"], celpy.Environment()
-    activation: dict[str, Any] = {"object": celpy.json_to_cel(obj), "request": celpy.json_to_cel({"userInfo": user})}
-    if not all(_eval(env, c["expression"], activation) for c in policy.get("matchConditions", [])):
-        return []
-    variables: dict[str, Any] = {}
-    for var in policy["variables"]:
-        activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
-        variables[var["name"]] = _eval(env, var["expression"], activation)
-    activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
-    return [v["message"] for v in policy["validations"] if not bool(_eval(env, v["expression"], activation))]
-
-
 def _deployment() -> dict[str, Any]:
-    return copy.deepcopy(Manifests.load().deployment)
+    return rendered_deployment()
 
 
 def _isvc() -> dict[str, Any]:
-    return copy.deepcopy(next(o for o in _kserve_objects() if o["kind"] == "InferenceService"))
+    return inferenceservice()
 
 
 def _containers(obj: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +45,7 @@ def _env(container: dict[str, Any], name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("overlay", [(), ("gguf",), ("bundle-ref",)], ids=lambda o: "base" if not o else o[0])
 def test_the_shipped_deployments_are_admitted(overlay: tuple[str, ...]) -> None:
-    assert admit(copy.deepcopy(Manifests.load(*overlay).deployment)) == []
+    assert admit(rendered_deployment(*overlay)) == []
 
 
 def test_the_shipped_inferenceservice_is_admitted() -> None:

@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CRDS = Path(__file__).parent / "data" / "crds"
 SOURCES = json.loads((CRDS / "SOURCES.json").read_text())
 POLICIES = {
-    "kyverno-verify-bundles.yaml": "kyverno.io_clusterpolicies.v1.schema.json.gz",
+    "kyverno-clusterpolicy-before-1.18.yaml": "kyverno.io_clusterpolicies.v1.schema.json.gz",
+    "kyverno-verify-bundles.yaml": "policies.kyverno.io_imagevalidatingpolicies.v1.schema.json.gz",
+    "kyverno-pod-shape.yaml": "policies.kyverno.io_validatingpolicies.v1.schema.json.gz",
     "policy-controller-verify-bundles.yaml": "policy.sigstore.dev_clusterimagepolicies.v1beta1.schema.json",
 }
 
@@ -59,13 +61,13 @@ def test_policy_is_valid_against_its_published_crd_schema(policy: str) -> None:
 
 
 def test_the_strict_check_catches_a_misspelt_field() -> None:
-    doc = yaml.safe_load((ROOT / "docs" / "policies" / "kyverno-verify-bundles.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "docs" / "policies" / "kyverno-clusterpolicy-before-1.18.yaml").read_text())
     doc["spec"]["rules"][0]["verifyImages"][0]["attestor"] = doc["spec"]["rules"][0]["verifyImages"][0].pop("attestors")
-    assert _unknown_fields(doc, _schema(POLICIES["kyverno-verify-bundles.yaml"])) == [".spec.rules[0].verifyImages[0].attestor"]
+    assert _unknown_fields(doc, _schema(POLICIES["kyverno-clusterpolicy-before-1.18.yaml"])) == [".spec.rules[0].verifyImages[0].attestor"]
 
 
 def test_a_wrong_enum_value_is_refused() -> None:
-    doc = yaml.safe_load((ROOT / "docs" / "policies" / "kyverno-verify-bundles.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "docs" / "policies" / "kyverno-clusterpolicy-before-1.18.yaml").read_text())
     doc["spec"]["rules"][0]["verifyImages"][0]["type"] = "SigstoreBundles"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft7Validator(_schema(POLICIES["kyverno-verify-bundles.yaml"])).validate(doc)
+        jsonschema.Draft7Validator(_schema(POLICIES["kyverno-clusterpolicy-before-1.18.yaml"])).validate(doc)
