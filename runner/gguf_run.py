@@ -84,7 +84,7 @@ def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_
     return LoadedPair(
         tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
         eos_ids=tokenizer.eos_ids(), vocab_size=None, device="cpu", dtype=str(file_type), draft_tokens=draft_tokens,
-        pairing=checked["pairing"], memory=memory, context_tokens=n_ctx, load_s=time.perf_counter() - load_start,
+        pairing=checked["pairing"], memory=memory, context_tokens=n_ctx, context_window=window, load_s=time.perf_counter() - load_start,
         engine="llama.cpp", extra={"forward": {"target": "llama.cpp", "draft": "llama.cpp" if draft is not None else None},
                                    # run --json's: the file type as the header has it (a number)
                                    "engine_fields": {"engine": "llama.cpp", "engine_version": llamacpp.version(),

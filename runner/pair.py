@@ -103,6 +103,7 @@ class LoadedPair:
     engine: str = "torch"
     extra: dict = field(default_factory=dict)
     history: RunHistory | None = None  # whether the draft paid in this bundle's last runs on this machine
+    context_window: int | None = None  # the target's own window (runner.checks.context_window); None: it names none
 
     @property
     def settings(self) -> DecodingSettings:

@@ -206,7 +206,8 @@ def load_pair(
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = load_tokenizer(checked["tokenizer_dir"])  # transformers' AutoTokenizer where a lean one would differ
-    prompt_tokens, max_new_tokens = context_tokens(context, tokenizer, model_window(dirs["target"]))
+    window = model_window(dirs["target"])
+    prompt_tokens, max_new_tokens = context_tokens(context, tokenizer, window)
     max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens, DecodingSettings.from_params(params).ngram_tokens)
     torch_later = "torch" not in sys.modules  # a CPU build imports it while the weights are read (resolve_device)
     memory = estimate_memory(dirs["target"], dirs.get("draft"), dtype, max_tokens, prompt_tokens=prompt_tokens,
@@ -227,7 +228,7 @@ def load_pair(
         eos_ids=eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
         device=device, dtype=dtype, draft_tokens=draft_tokens, pairing=checked["pairing"],
         memory={k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
-        context_tokens=max_tokens, load_s=time.perf_counter() - load_start,
+        context_tokens=max_tokens, context_window=window, load_s=time.perf_counter() - load_start,
         extra={"engine_fields": {"engine": "torch", "device": device, "dtype": dtype, "threads": threads}},
     )
 

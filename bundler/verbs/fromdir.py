@@ -47,8 +47,6 @@ HASH_WORKERS = 4  # hashlib releases the GIL: files hash in parallel
 COPY_CHUNK = 1 << 20
 URI_SCHEMES = STORAGE_SCHEMES  # the storage URI forms --expect takes besides a reference
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-# A version tag as verify reads one (bundler.trust.verify): `v` optional, `_` standing for SemVer's `+`.
-_VERSION_TAG = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -80,6 +78,8 @@ def parse_expected(text: str) -> Expected:
     reads its STORAGE_URI (a `user:password@` before the host dropped), as an Expected; anything else is a usage
     error."""
     text = text.strip()
+    if not text:  # `--expect ''` or BUNDLE_EXPECT='': set, but pinning nothing; never read as "no expectation"
+        raise BundleError("usage", "--expect (or $BUNDLE_EXPECT) is set but empty: give the expected bundle, or unset it")
     if _DIGEST.match(text):
         return Expected(text, None, None, text)
     if text.startswith("sha256:"):
@@ -90,9 +90,7 @@ def parse_expected(text: str) -> Expected:
         raise BundleError("usage", f"--expect: {err.message}") from None
     if ref is None:
         raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
-    tag = (ref.tag or "").removeprefix("v").split("_", 1)[0]
-    version = tag if ref.tag and _VERSION_TAG.match(ref.tag.split("_", 1)[0]) else None
-    return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], version, ref.digest)
+    return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], ref.version, ref.digest)  # tag and digest: both checked
 
 
 def _read(root: Path, name: str) -> bytes:
