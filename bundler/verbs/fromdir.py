@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "CONFIG", "EVIDENCE", "MANIFEST", "ORIGIN", "SIGNATURE", "CheckedDir", "Expected", "check_fetched", "checked_dir",
-    "URI_SCHEMES", "loaded_dir", "parse_expected", "signed_files",
+    "EXPECT_ENV", "URI_SCHEMES", "expected_from", "loaded_dir", "parse_expected", "signed_files",
 ]
 
 import contextlib
@@ -46,6 +46,7 @@ MANIFEST, CONFIG, SIGNATURE, ORIGIN = "manifest.json", "config.json", "signature
 HASH_WORKERS = 4  # hashlib releases the GIL: files hash in parallel
 COPY_CHUNK = 1 << 20
 URI_SCHEMES = STORAGE_SCHEMES  # the storage URI forms --expect takes besides a reference
+EXPECT_ENV = "BUNDLE_EXPECT"  # --expect's variable (a Deployment's env)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -91,6 +92,14 @@ def parse_expected(text: str) -> Expected:
     if ref is None:
         raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
     return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], ref.version, ref.digest)  # tag and digest: both checked
+
+
+def expected_from(value: str | None, environ: Mapping[str, str] = os.environ) -> Expected | None:
+    """serve --from-dir's expectation: --expect, else $BUNDLE_EXPECT, parsed; None when neither is set. A variable
+    set but empty (which click drops as if unset) is a usage error: an operator who set it meant to pin."""
+    if value is None and EXPECT_ENV in environ:
+        value = environ[EXPECT_ENV]
+    return None if value is None else parse_expected(value)
 
 
 def _read(root: Path, name: str) -> bytes:
