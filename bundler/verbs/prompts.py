@@ -31,7 +31,7 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin: BinaryIO | N
     piped); `stdin` defaults to the process's standard input (its bytes)."""
     if prompt is not None and prompt_file is not None:
         raise BundleError("usage", "give --prompt or --prompt-file, not both")
-    stream = stdin if stdin is not None else sys.stdin.buffer
+    stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)  # None: stdin closed (`<&-`)
     if prompt_file is not None:
         try:
             data = read_bounded(prompt_file, MAX_PROMPT_FILE_BYTES)
@@ -40,10 +40,10 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin: BinaryIO | N
             raise BundleError(code, f"cannot read --prompt-file {prompt_file}: it {why}") from None
         where = prompt_file
         text = _decoded(data, where)
-    elif prompt == "-" or (prompt is None and not stream.isatty()):
+    elif stream is not None and (prompt == "-" or (prompt is None and not stream.isatty())):
         where = "standard input"
         text = _decoded(stream.read(MAX_PROMPT_FILE_BYTES + 1), where)  # /dev/zero on stdin ends here too
-    elif prompt is None:
+    elif prompt is None or prompt == "-":
         raise BundleError("usage", "no prompt: give --prompt TEXT, --prompt-file FILE, or pipe it on standard input")
     else:
         return prompt
