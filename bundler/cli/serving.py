@@ -34,6 +34,7 @@ def setting(decl: str, owner: type, name: str, **kwargs: Any) -> Callable[[Calla
 @setting("--port", ServeSettings, "port", type=click.IntRange(1, 65535))
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key clients must send as `Authorization: Bearer <key>`.")
+@click.option("--metrics-key-file", type=click.Path(dir_okay=False), help="File holding a separate key for /metrics scrapes: only a scrape with `Authorization: Bearer <metrics key>` gets the prompt cache's figures (which could tell one client whether another's prompt shared its start).")
 @click.option("--open-probes", is_flag=True, help="GET /health, /livez and /metrics answer without the API key (Kubernetes probes and Prometheus scrapes send none; /metrics then leaves out the prompt cache's figures).")
 @click.option("--served-model-name", envvar="BUNDLE_SERVED_MODEL_NAME", help="Another name the model answers to besides the bundle reference (KServe: the InferenceService's name; also $BUNDLE_SERVED_MODEL_NAME).")
 @setting("--max-queue", ServeSettings, "max_queue", type=click.IntRange(1, 4096))
@@ -51,7 +52,7 @@ def setting(decl: str, owner: type, name: str, **kwargs: Any) -> Callable[[Calla
 @click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
 @setting("--header-timeout", ServeLimits, "header_timeout_s", type=click.FloatRange(0.1, 3600))
 @command
-def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
+def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, metrics_key_file: str | None, max_queue: int,
           time_limit: float, attest_key: str | None, open_probes: bool, served_model_name: str | None, max_body: int, allowed_hosts: tuple[str, ...],
           max_connections: int | None, header_timeout: float, sequences: int | None, speculate: bool, prompt_cache: int | None, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
@@ -73,14 +74,12 @@ def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | Non
         raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
     expected = expected_reference(from_dir, expect)
 
-    api_key = None
-    if api_key_file:
-        try:
-            api_key = Path(api_key_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BundleError("usage", f"--api-key-file {api_key_file}: cannot read it ({type(exc).__name__})") from None
-        if not api_key:
-            raise BundleError("usage", f"--api-key-file {api_key_file} is empty")
+    from bundler.serve.api_key import read_key_file
+
+    api_key = read_key_file(api_key_file, "--api-key-file") if api_key_file else None
+    metrics_key = read_key_file(metrics_key_file, "--metrics-key-file") if metrics_key_file else None
+    if metrics_key is not None and metrics_key == api_key:
+        raise BundleError("usage", "--metrics-key-file holds the API key: the metrics key must be a separate credential")
     records = None
     if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
         from bundler.trust.runrecord import ServeRecords
@@ -91,13 +90,13 @@ def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | Non
 
     def ready(info: dict[str, Any]) -> None:
         click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
-        if from_dir and not expect:  # once serving: a refusal stays the one line CONTRACT.md promises
+        if from_dir and expected is None:  # once serving: a refusal stays the one line CONTRACT.md promises
             click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
                        "under its signed name: pin the reference or digest", err=True)
 
     try:
         source = DirSource(Path(from_dir), expected, store) if from_dir else StoreSource(store, parse_ref(ref))
-        settings = ServeSettings(host=host, port=port, api_key=api_key, open_probes=open_probes, served_model_name=served_model_name,
+        settings = ServeSettings(host=host, port=port, api_key=api_key, metrics_key=metrics_key, open_probes=open_probes, served_model_name=served_model_name,
                                  max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options),
                                  batch=BatchSettings(sequences=sequences, speculate=speculate, prompt_cache=prompt_cache))
         serve_bundle(source, trusted(key_paths), settings, on_ready=ready, on_record=records.attach if records else None)

@@ -15,7 +15,6 @@ __all__ = [
 import datetime as dt
 import os
 import posixpath
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -432,30 +431,25 @@ def check_files(files: Mapping[str, int], claims: signature.SignedClaims) -> tup
     return None, f"{len(files)} files, exactly the signed list"
 
 
-_VERSION_TAG = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
-
-
 def _reference(ref: Ref, mk: ModelKit, allow: bool) -> tuple[None, str]:
     """What the user asked for is what was signed: a version tag equals the signed version and the
     repository's last path component equals the signed name (else a re-pointed tag is a silent downgrade
-    or a substitution). A digest reference names the content itself and is always fine."""
-    if ref.digest:
+    or a substitution). A digest reference names the content itself and is always fine; one with a tag
+    beside its digest has the tag checked as well (bundler.store.refs: one meaning everywhere)."""
+    if ref.digest and ref.tag is None:
         return None, f"digest reference {ref.digest[:19]}…"
     name, version = mk.kitfile.name, mk.kitfile.version
     repo_name = ref.repository.rsplit("/", 1)[-1]
-    tag = ref.tag or ""
     problems = []
     if repo_name != name:
         problems.append(f"repository {repo_name!r} is not the signed name {name!r}")
-    # `+` is not allowed in OCI tags; `_` stands for it by convention.
-    tag_version = tag.removeprefix("v").split("_", 1)[0]  # `_` stands for SemVer's `+` in OCI tags
-    if _VERSION_TAG.match(tag_version) and tag_version != version.split("+", 1)[0]:
-        problems.append(f"tag {tag!r} is a version but the signed version is {version!r}")
+    if ref.version is not None and ref.version != version.split("+", 1)[0]:
+        problems.append(f"tag {ref.tag!r} is a version but the signed version is {version!r}")
     if problems and not allow:
-        raise BundleError("signature-mismatch", f"{ref}: {'; '.join(problems)} (pass --allow-ref-mismatch to accept it for this command)")
+        raise BundleError("signature-mismatch", f"{ref.full}: {'; '.join(problems)} (pass --allow-ref-mismatch to accept it for this command)")
     if problems:
         return None, f"{'; '.join(problems)}: allowed by --allow-ref-mismatch"
-    return None, f"{ref} names {name} {version}"
+    return None, f"{ref.full} names {name} {version}"
 
 
 def check_expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "CONFIG", "EVIDENCE", "MANIFEST", "ORIGIN", "SIGNATURE", "CheckedDir", "Expected", "check_fetched", "checked_dir",
-    "URI_SCHEMES", "loaded_dir", "parse_expected", "signed_files",
+    "EXPECT_ENV", "URI_SCHEMES", "expected_from", "loaded_dir", "parse_expected", "signed_files",
 ]
 
 import contextlib
@@ -46,9 +46,8 @@ MANIFEST, CONFIG, SIGNATURE, ORIGIN = "manifest.json", "config.json", "signature
 HASH_WORKERS = 4  # hashlib releases the GIL: files hash in parallel
 COPY_CHUNK = 1 << 20
 URI_SCHEMES = STORAGE_SCHEMES  # the storage URI forms --expect takes besides a reference
+EXPECT_ENV = "BUNDLE_EXPECT"  # --expect's variable (a Deployment's env)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-# A version tag as verify reads one (bundler.trust.verify): `v` optional, `_` standing for SemVer's `+`.
-_VERSION_TAG = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,8 @@ def parse_expected(text: str) -> Expected:
     reads its STORAGE_URI (a `user:password@` before the host dropped), as an Expected; anything else is a usage
     error."""
     text = text.strip()
+    if not text:  # `--expect ''` or BUNDLE_EXPECT='': set, but pinning nothing; never read as "no expectation"
+        raise BundleError("usage", "--expect (or $BUNDLE_EXPECT) is set but empty: give the expected bundle, or unset it")
     if _DIGEST.match(text):
         return Expected(text, None, None, text)
     if text.startswith("sha256:"):
@@ -90,9 +91,15 @@ def parse_expected(text: str) -> Expected:
         raise BundleError("usage", f"--expect: {err.message}") from None
     if ref is None:
         raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
-    tag = (ref.tag or "").removeprefix("v").split("_", 1)[0]
-    version = tag if ref.tag and _VERSION_TAG.match(ref.tag.split("_", 1)[0]) else None
-    return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], version, ref.digest)
+    return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], ref.version, ref.digest)  # tag and digest: both checked
+
+
+def expected_from(value: str | None, environ: Mapping[str, str] = os.environ) -> Expected | None:
+    """serve --from-dir's expectation: --expect, else $BUNDLE_EXPECT, parsed; None when neither is set. A variable
+    set but empty (which click drops as if unset) is a usage error: an operator who set it meant to pin."""
+    if value is None and EXPECT_ENV in environ:
+        value = environ[EXPECT_ENV]
+    return None if value is None else parse_expected(value)
 
 
 def _read(root: Path, name: str) -> bytes:
