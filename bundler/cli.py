@@ -181,6 +181,9 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
     from bundler.verbs.pack import pack_checked
     from bundler.trust.sign import sign_modelkit
 
+    import datetime as dt
+
+    started = dt.datetime.now(dt.timezone.utc)
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), _password()) if key_path else None  # fail before packing
     for tick in _progress():
@@ -199,6 +202,10 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
         mk = load_modelkit(store, parsed)
         signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days, cosign_legacy)
         click.echo(f"signed by {signed.key_id[:16]}… (signature {signed.signature_digest})")
+        from bundler.verbs.pack import attest_packed
+
+        written = attest_packed(store, result, Path(context), private, started)
+        click.echo("attested: " + ", ".join(f"{w.kind} {w.digest[:19]}…" for w in written))
     click.echo(result.digest)
 
 
@@ -218,6 +225,29 @@ def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy
     click.echo(f"signed {parsed} ({signed.digest}) by {signed.key_id[:16]}…\n{signed.signature_digest}")
 
 
+@main.command()
+@click.argument("ref")
+@click.option("--key", "key_path", required=True, type=click.Path(), help="The bundle's private key (PKCS#8 PEM): the bundle must verify with its public half.")
+@command
+def attest(store: Store, ref: str, key_path: str) -> None:
+    """Write the SBOM (CycloneDX 1.6 ML-BOM) and SLSA v1 provenance of a bundle already in the store, signed with KEY
+    (what `bundle pack --key` writes; for bundles packed before it did). Each line: type and attestation digest."""
+    from bundler.trust.attest import attest_stored
+
+    for written in attest_stored(store, parse_ref(ref), keys.load_private_key(Path(key_path), _password())):
+        click.echo(f"{written.kind} {written.digest}")
+
+
+def _required(require: tuple[str, ...], allow_unsigned: bool) -> tuple[str, ...]:
+    """--require's attestation kinds; they need trusted keys, so not with --allow-unsigned (usage)."""
+    from bundler.trust.attestation import parse_kinds
+
+    kinds = parse_kinds(require)
+    if kinds and allow_unsigned:
+        raise BundleError("usage", "--require checks attestations against trusted keys: it cannot go with --allow-unsigned")
+    return kinds
+
+
 def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--allow-unsigned", is_flag=True, help="Check integrity only; the origin is NOT verified.")(fn)
     fn = click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store (this command only).")(fn)
@@ -229,12 +259,14 @@ def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("ref")
 @_trust_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--require", "require", multiple=True, metavar="KINDS", help="Attestations that must be attached and signed by a trusted key: sbom, provenance (comma-separated or repeated).")
 @command
-def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool) -> None:
+def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool, require: tuple[str, ...]) -> None:
     """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
     from bundler.trust.verify import verify_bundle
 
-    report = verify_bundle(store, parse_ref(ref), _trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
+    report = verify_bundle(store, parse_ref(ref), _trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
+                           require_attestations=_required(require, allow_unsigned))
     if as_json:
         _emit(report.as_json())
     else:
@@ -808,6 +840,7 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
                          trusted=_trusted(()))  # run records: those $BUNDLE_TRUSTED_KEYS verify go first
     sigs = f"{len(result.signatures)} signature(s) ({'referrers API' if result.referrers == 'api' else 'referrers tag ' + result.digest.replace(':', '-', 1)[:19] + '…'})" if result.signatures else "unsigned"
     records = f", {len(result.records)} run record(s)" if result.records else ""
+    records += f", {len(result.attestations)} attestation(s)" if result.attestations else ""
     click.echo(f"pushed {result.ref}: {result.blobs_uploaded} blobs uploaded ({result.bytes_uploaded:,} bytes), {result.blobs_skipped} already there; {sigs}{records}")
     click.echo(result.digest)
 
@@ -816,18 +849,21 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @click.argument("ref")
 @_trust_options
 @click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
+@click.option("--require", "require", multiple=True, metavar="KINDS", help="Attestations that must be attached and signed by a trusted key: sbom, provenance (comma-separated or repeated).")
 @command
-def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
+def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool, require: tuple[str, ...]) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
     from bundler.trust.recordlimits import MAX_RECORDS
     from bundler.registry.pull import pull as do_pull
 
     trusted = _trusted(key_paths)
     for tick in _progress():
-        result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
+        result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
+                             require_attestations=_required(require, allow_unsigned))
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
     who += f" (signatures: {', '.join(result.signature_kinds)})" if result.signature_kinds else ""
     records = f"; {len(result.records)} run record(s) (check them with `bundle attestations`)" if result.records else ""
+    records += f"; {len(result.attestations)} attestation(s)" if result.attestations else ""
     if result.records_dropped:
         records += f"; {result.records_dropped} more run record(s) not kept (at most {MAX_RECORDS} per bundle, trusted first: docs/security.md)"
     click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}{records}")
@@ -858,24 +894,42 @@ def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_r
 @click.argument("ref")
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key for run records (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array on stdout.")
+@click.option("--type", "types", multiple=True, type=click.Choice(["run", "sbom", "provenance", "all"]), default=("run",), show_default=True,
+              help="Which attestations: run records, the SBOM, the SLSA provenance, or all (repeatable).")
 @command
-def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bool) -> None:
-    """List the signed run records attached to a bundle and verify each; exits with the first failure's code if any does not verify."""
+def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bool, types: tuple[str, ...]) -> None:
+    """List the signed run records (with --type, the SBOM and provenance too) attached to a bundle and verify each; exits with the first failure's code if any does not verify."""
+    from bundler.trust.attestation import attestation_checks
     from bundler.trust.runrecord import attestations as find
 
-    digest, records = find(store, parse_ref(ref), _trusted(key_paths))
+    trusted = _trusted(key_paths)
+    digest, records = find(store, parse_ref(ref), trusted)
+    wanted = {"run", "sbom", "provenance"} if "all" in types else set(types)
+    records = records if "run" in wanted else []
+    standard = [c for c in attestation_checks(store, digest, trusted) if c.kind in wanted]
     if as_json:
-        _emit([r.as_json() for r in records])
+        _emit([r.as_json() for r in records] + [c.as_json() for c in standard])
     else:
-        click.echo(f"{len(records)} run record(s) for {ref} ({digest})")
+        click.echo(f"{len(records)} run record(s) for {ref} ({digest})" if "run" in wanted else f"{len(standard)} attestation(s) for {ref} ({digest})")
         for r in records:
             click.echo(_format_record(r))
-    bad = [r for r in records if not r.verified]
+        for c in standard:
+            click.echo(_format_attestation(c))
+    bad = [r for r in [*records, *standard] if not r.verified]
     if bad:
         first = bad[0].error
         assert first is not None
-        click.echo(BundleError(first.code, f"{len(bad)} of {len(records)} run record(s) did not verify; first: {first.message}").line(), err=True)
+        what = "run record(s)" if not standard else "attestation(s)"
+        click.echo(BundleError(first.code, f"{len(bad)} of {len(records) + len(standard)} {what} did not verify; first: {first.message}").line(), err=True)
         sys.exit(first.exit_code)
+
+
+def _format_attestation(check: Any) -> str:
+    """One SBOM or provenance attestation: its verdict, signer or reason, and its type."""
+    if check.verified:
+        return f"ok   {check.digest[:19]}…  signer {shown(check.signer[:16])}  {check.kind} ({shown(check.predicate_type)})"
+    reason = check.error.line() if check.error is not None else "error: [integrity] not verified"
+    return f"FAIL {check.digest[:19]}…  NOT VERIFIED: {shown(reason, 1000)}  {check.kind} ({shown(check.predicate_type)})"
 
 
 def _format_record(record: Any) -> str:
