@@ -1,0 +1,104 @@
+"""The SBOM attestation: `bundle pack --key` (and `bundle attest` for an older bundle) attaches a CycloneDX 1.6
+ML-BOM, signed with the bundle's key, that passes cyclonedx-python-lib's strict JSON validator and names what
+the bundle is made of: target and draft as machine-learning models with hashes, licences, parameter counts,
+dtype and architecture, the tokenizer, and the draft's dependency on the target."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+from conftest import run_bundle
+
+from bundler.format.mediatypes import CYCLONEDX_BOM
+from bundler.store.layout import Store
+from bundler.store.referrers import find_attestations, find_signatures
+from bundler.store.refs import parse_ref
+
+REF = "tiny-spec:1.0.0"
+
+
+def _statement(store: Path, predicate_type: str) -> dict:
+    s = Store(store)
+    digest = s.resolve(parse_ref(REF)).digest
+    [(_, _, data)] = [a for a in find_attestations(s, digest) if a[1] == predicate_type]
+    return json.loads(base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"]))
+
+
+def _packed(tree: Path, store: Path, key: Path) -> str:
+    return run_bundle("pack", str(tree), "-t", REF, "--key", str(key), "--store", str(store), check=True).out.strip().splitlines()[-1]
+
+
+def test_pack_with_a_key_attaches_a_bom_that_passes_cyclonedx_strict_validation(tree: Path, store_dir: Path, keypair) -> None:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    digest = _packed(tree, store_dir, keypair[0])
+    statement = _statement(store_dir, CYCLONEDX_BOM)
+    assert statement["subject"][0]["digest"]["sha256"] == digest[7:]
+    bom = statement["predicate"]
+    assert bom["bomFormat"] == "CycloneDX" and bom["specVersion"] == "1.6"
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(bom)) is None
+
+
+def test_the_bom_names_both_models_with_hashes_licences_parameters_dtype_and_architecture(tree: Path, store_dir: Path, keypair) -> None:
+    _packed(tree, store_dir, keypair[0])
+    bom = _statement(store_dir, CYCLONEDX_BOM)["predicate"]
+    parts = {c["bom-ref"]: c for c in bom["components"]}
+    assert {parts["target"]["type"], parts["draft"]["type"]} == {"machine-learning-model"} and parts["tokenizer"]["type"] == "data"
+    for role, params in (("target", 32 * 10 + 4 * 64 * 32), ("draft", 8 * 10 + 16 * 8)):  # tests/bundletree.py's shapes, embeddings tied
+        props = {p["name"]: p["value"] for p in parts[role]["properties"]}
+        assert props["specbundle:parameters"] == str(params) and props["specbundle:dtype"] == "F32"
+        assert parts[role]["licenses"] == [{"license": {"id": "Apache-2.0"}}]  # the Kitfile's package licence
+        assert parts[role]["modelCard"]["modelParameters"]["modelArchitecture"] == "LlamaForCausalLM"
+        assert parts[role]["modelCard"]["modelParameters"]["architectureFamily"] == "llama"
+        files = {f["name"]: f["hashes"][0]["content"] for f in parts[role]["components"]}
+        assert set(files) == {f"{role}/config.json", f"{role}/model.safetensors"}
+    assert files["draft/model.safetensors"] == hashlib.sha256((tree / "draft" / "model.safetensors").read_bytes()).hexdigest()
+    deps = {d["ref"]: set(d.get("dependsOn", [])) for d in bom["dependencies"]}
+    assert "target" in deps["draft"] and "tokenizer" in deps["draft"]
+    assert bom["metadata"]["component"]["hashes"][0]["content"] == _statement(store_dir, CYCLONEDX_BOM)["subject"][0]["digest"]["sha256"]
+
+
+def test_the_bom_records_the_kitfiles_speculative_settings_and_no_invented_measurements(tree: Path, store_dir: Path, keypair) -> None:
+    _packed(tree, store_dir, keypair[0])
+    bom = _statement(store_dir, CYCLONEDX_BOM)["predicate"]
+    props = {p["name"]: p["value"] for p in bom["metadata"]["component"]["properties"]}
+    assert json.loads(props["specbundle:speculative"]) == {"draft_tokens": 4, "min_acceptance": 0.3}
+    assert not any("quantitativeAnalysis" in c.get("modelCard", {}) for c in bom["components"])  # nothing measured here
+
+
+def test_attestations_are_not_taken_for_signatures(tree: Path, store_dir: Path, keypair) -> None:
+    digest = _packed(tree, store_dir, keypair[0])
+    assert len(find_signatures(Store(store_dir), digest)) == 2  # model-signing and cosign-style: the two attestations apart
+    assert len(find_attestations(Store(store_dir), digest)) == 2
+
+
+def test_attest_writes_them_for_a_bundle_packed_without_them(tree: Path, store_dir: Path, keypair) -> None:
+    run_bundle("pack", str(tree), "-t", REF, "--store", str(store_dir), check=True)
+    run_bundle("sign", REF, "--key", str(keypair[0]), "--store", str(store_dir), check=True)
+    missing = run_bundle("verify", REF, "--key", str(keypair[1]), "--store", str(store_dir), "--require", "sbom,provenance")
+    assert missing.code == 3 and missing.err.startswith("error: [signature-missing]") and "no sbom attestation" in missing.err
+    out = run_bundle("attest", REF, "--key", str(keypair[0]), "--store", str(store_dir), check=True).out.split()
+    assert out[0::2] == ["sbom", "provenance"]
+    run_bundle("verify", REF, "--key", str(keypair[1]), "--store", str(store_dir), "--require", "sbom", "--require", "provenance", check=True)
+    again = run_bundle("attest", REF, "--key", str(keypair[0]), "--store", str(store_dir), check=True).out.split()
+    listed = json.loads(run_bundle("attestations", REF, "--key", str(keypair[1]), "--store", str(store_dir), "--type", "all", "--json", check=True).out)
+    assert sorted(r["digest"] for r in listed) == sorted(again[1::2])  # a second attest by the same key replaces the first
+    assert {r["type"] for r in listed} == {"sbom", "provenance"} and all(r["verified"] for r in listed)
+
+
+def test_attest_refuses_a_key_that_did_not_sign_the_bundle(tree: Path, store_dir: Path, keypair, other_keypair) -> None:
+    _packed(tree, store_dir, keypair[0])
+    result = run_bundle("attest", REF, "--key", str(other_keypair[0]), "--store", str(store_dir))
+    assert result.code == 3 and result.err.startswith("error: [untrusted-signer]")
+
+
+def test_require_with_an_unknown_kind_or_allow_unsigned_is_a_usage_error(tree: Path, store_dir: Path, keypair) -> None:
+    _packed(tree, store_dir, keypair[0])
+    unknown = run_bundle("verify", REF, "--key", str(keypair[1]), "--store", str(store_dir), "--require", "spdx")
+    assert unknown.code == 2 and "unknown attestation 'spdx'" in unknown.err
+    unsigned = run_bundle("verify", REF, "--allow-unsigned", "--store", str(store_dir), "--require", "sbom")
+    assert unsigned.code == 2 and unsigned.err.startswith("error: [usage]")
