@@ -17,7 +17,7 @@ bundler.trust.provenance; written by bundler.trust.attest.
 from __future__ import annotations
 
 __all__ = [
-    "KINDS", "AttestationCheck", "attestation_checks", "check_attestation", "parse_kinds", "require_kinds",
+    "KINDS", "MAX_ATTESTATIONS", "AttestationCheck", "attestation_checks", "check_attestation", "parse_kinds", "require_kinds",
     "sign_statement", "store_attestation",
 ]
 

@@ -31,6 +31,7 @@ from core.errors import BundleError
 
 PREDICATE_TYPE = CYCLONEDX_BOM
 SPEC_VERSION = "1.6"
+MAX_VERSION = 1024  # CycloneDX 1.6's `version`: maxLength
 
 
 @dataclass(frozen=True)
@@ -170,12 +171,16 @@ def build_bom(kitfile: Kitfile, manifest_digest: str, layers: Mapping[str, tuple
     bom = Bom()
     bom.metadata.tools.components.add(Component(type=ComponentType.APPLICATION, name="specbundle", version=__version__))
     speculative = kitfile.parameters.get("speculative")
+    props = {"specbundle:speculative": json.dumps(speculative, sort_keys=True)} if speculative else {}
+    fits = len(kitfile.version) <= MAX_VERSION
+    if not fits:  # a SemVer the Kitfile allows but CycloneDX's version field does not: kept whole as a property
+        props["specbundle:version"] = kitfile.version
     bundle = Component(
-        type=ComponentType.MACHINE_LEARNING_MODEL, name=kitfile.name, version=kitfile.version, bom_ref="bundle",
+        type=ComponentType.MACHINE_LEARNING_MODEL, name=kitfile.name, version=kitfile.version if fits else None, bom_ref="bundle",
         purl=PackageURL(type="oci", name=kitfile.name, version=manifest_digest),
         hashes=[HashType(alg=HashAlgorithm.SHA_256, content=manifest_digest.split(":", 1)[1])],
         description="a speculative-decoding bundle (KitOps ModelKit); its hash is its OCI manifest's",
-        properties=[Property(name="specbundle:speculative", value=json.dumps(speculative, sort_keys=True))] if speculative else None,
+        properties=[Property(name=k, value=v) for k, v in props.items()] or None,
     )
     bom.metadata.component = bundle
     parts = {role: _component(kitfile, role, path, digest, files, facts.get(role)) for role, (path, digest) in layers.items()}
