@@ -102,3 +102,39 @@ def test_require_with_an_unknown_kind_or_allow_unsigned_is_a_usage_error(tree: P
     assert unknown.code == 2 and "unknown attestation 'spdx'" in unknown.err
     unsigned = run_bundle("verify", REF, "--allow-unsigned", "--store", str(store_dir), "--require", "sbom")
     assert unsigned.code == 2 and unsigned.err.startswith("error: [usage]")
+
+
+def test_a_gguf_model_is_described_from_its_header(tmp_path: Path) -> None:
+    from tests.tinygguf import write_gguf
+
+    from bundler.trust import sbom
+    from runner.checks import gguf_model
+
+    model = tmp_path / "target"
+    model.mkdir()
+    write_gguf(model / "model.gguf")
+    facts = sbom.model_facts(model)
+    assert (facts.format, facts.family, facts.quantization) == ("gguf", "llama", "ALL_F32")
+    assert facts.parameters == gguf_model.parameters(gguf_model.read_header(model / "model.gguf")) > 0
+
+
+def test_verify_require_refuses_an_sbom_signed_by_a_key_it_does_not_trust(tree: Path, store_dir: Path, keypair, other_keypair) -> None:
+    import datetime as dt
+
+    from bundler.store.modelkit import load_modelkit
+    from bundler.trust import attestation
+    from bundler.trust.keys import load_private_key
+
+    _packed(tree, store_dir, keypair[0])
+    store = Store(store_dir)
+    mk = load_modelkit(store, parse_ref(REF))
+    statement = _statement(store_dir, CYCLONEDX_BOM)
+    [(sbom, _, _)] = [a for a in find_attestations(store, mk.digest) if a[1] == CYCLONEDX_BOM]
+    store.remove_manifest(sbom.digest)
+    forged = attestation.sign_statement(statement, load_private_key(other_keypair[0]))
+    attestation.store_attestation(store, mk.manifest_desc, CYCLONEDX_BOM, forged, dt.datetime.now(dt.timezone.utc))
+    refused = run_bundle("verify", REF, "--key", str(keypair[1]), "--store", str(store_dir), "--require", "sbom")
+    assert refused.code == 3 and refused.err.startswith("error: [untrusted-signer]") and "sbom attestation" in refused.err
+    assert "FAIL attestations" in refused.out
+    both = run_bundle("verify", REF, "--key", str(keypair[1]), "--key", str(other_keypair[1]), "--store", str(store_dir), "--require", "sbom")
+    assert both.code == 0, both.err  # trusted once the key that signed it is

@@ -411,7 +411,7 @@ def _signature_candidates(
     sig_blobs: list[tuple[Descriptor, str]] = []
     # At most MAX_SIGNATURES candidates of each kind (model-signing, cosign-style): anyone able to attach
     # referrers can attach thousands.
-    for sig in referrers(client, digest)[:2 * MAX_SIGNATURES + len(attestation.KINDS) * attestation.MAX_ATTESTATIONS]:
+    for sig in referrers(client, digest)[:2 * MAX_SIGNATURES]:  # attestations (cosign 3: the same artifactType) included
         found = _referrer_manifest(client, sig, f"signature {sig.digest[:19]}…")
         if found is None:
             continue
