@@ -228,13 +228,15 @@ def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy
 @main.command()
 @click.argument("ref")
 @click.option("--key", "key_path", required=True, type=click.Path(), help="The bundle's private key (PKCS#8 PEM): the bundle must verify with its public half.")
+@click.option("--bench", "bench_path", type=click.Path(), help="A `bundle bench REF --json` report of this bundle: its acceptance rate and speed-ups go into the SBOM's model card.")
 @command
-def attest(store: Store, ref: str, key_path: str) -> None:
+def attest(store: Store, ref: str, key_path: str, bench_path: str | None) -> None:
     """Write the SBOM (CycloneDX 1.6 ML-BOM) and SLSA v1 provenance of a bundle already in the store, signed with KEY
     (what `bundle pack --key` writes; for bundles packed before it did). Each line: type and attestation digest."""
-    from bundler.trust.attest import attest_stored
+    from bundler.trust.attest import attest_stored, read_bench
 
-    for written in attest_stored(store, parse_ref(ref), keys.load_private_key(Path(key_path), _password())):
+    bench = read_bench(Path(bench_path)) if bench_path else None  # a bad report: refused before anything is written
+    for written in attest_stored(store, parse_ref(ref), keys.load_private_key(Path(key_path), _password()), bench):
         click.echo(f"{written.kind} {written.digest}")
 
 

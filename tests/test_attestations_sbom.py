@@ -138,3 +138,34 @@ def test_verify_require_refuses_an_sbom_signed_by_a_key_it_does_not_trust(tree: 
     assert "FAIL attestations" in refused.out
     both = run_bundle("verify", REF, "--key", str(keypair[1]), "--key", str(other_keypair[1]), "--store", str(store_dir), "--require", "sbom")
     assert both.code == 0, both.err  # trusted once the key that signed it is
+
+
+# A `bundle bench --json` report's required part (schemas/bench-report.schema.json), as a user passes it to attest.
+BENCH = {"runs": {"target_only": {"tokens_per_second": 20.0}, "hf_assisted": {"tokens_per_second": 25.0}, "bundle": {"tokens_per_second": 33.0}},
+         "speedup_vs_target": 1.65, "speedup_vs_hf_assisted": 1.32, "acceptance_rate": 0.61, "cost_ratio": 0.1,
+         "theoretical_speedup": 2.0, "identical_output": True, "per_prompt": [{}, {}, {}]}
+
+
+def test_attest_with_a_bench_report_records_its_measurements_in_the_drafts_model_card(tree: Path, store_dir: Path, keypair, tmp_path: Path) -> None:
+    _packed(tree, store_dir, keypair[0])
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
+    run_bundle("attest", REF, "--key", str(keypair[0]), "--bench", str(tmp_path / "bench.json"), "--store", str(store_dir), check=True)
+    bom = _statement(store_dir, CYCLONEDX_BOM)["predicate"]
+    card = {c["bom-ref"]: c["modelCard"] for c in bom["components"] if "modelCard" in c}
+    metrics = {m["type"]: m for m in card["draft"]["quantitativeAnalysis"]["performanceMetrics"]}
+    assert metrics["acceptance rate (accepted / drafted tokens)"] == {"type": "acceptance rate (accepted / drafted tokens)", "value": "0.61", "slice": "bundle bench, 3 prompts"}
+    assert metrics["speed-up over the target alone (tokens/s)"]["value"] == "1.65"
+    assert len(metrics) == 2 and "quantitativeAnalysis" not in card["target"]  # only what the report measured
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(bom)) is None
+
+
+def test_attest_refuses_a_file_that_is_not_a_bench_report(tree: Path, store_dir: Path, keypair, tmp_path: Path) -> None:
+    digest = _packed(tree, store_dir, keypair[0])
+    before = {d.digest for d, _, _ in find_attestations(Store(store_dir), digest)}
+    (tmp_path / "bench.json").write_text(json.dumps({**BENCH, "acceptance_rate": 7}))
+    refused = run_bundle("attest", REF, "--key", str(keypair[0]), "--bench", str(tmp_path / "bench.json"), "--store", str(store_dir))
+    assert refused.code == 2 and "is not a `bundle bench --json` report" in refused.err
+    assert {d.digest for d, _, _ in find_attestations(Store(store_dir), digest)} == before

@@ -5,7 +5,7 @@ writes them for a bundle already in the store (an older one), after it verifies 
 
 from __future__ import annotations
 
-__all__ = ["Written", "attest_context", "attest_stored"]
+__all__ = ["Written", "attest_context", "attest_stored", "read_bench"]
 
 import datetime as dt
 import shutil
@@ -22,6 +22,7 @@ from bundler.store.refs import Ref
 from bundler.trust import attestation, cosign, dsse, keys, provenance, sbom
 from bundler.trust.extract import extract_leaving_in_blobs, make_writable
 from bundler.trust.verify import verify_bundle
+from core.errors import BundleError
 
 PART_ROLES = ("target", "draft", "tokenizer")
 
@@ -34,10 +35,10 @@ class Written:
 
 
 def _write(store: Store, mk: ModelKit, files: Mapping[str, str], facts: Mapping[str, sbom.ModelFacts], private_key: keys.PrivateKey,
-           written_by: str, started: dt.datetime | None, finished: dt.datetime | None) -> list[Written]:
+           written_by: str, started: dt.datetime | None, finished: dt.datetime | None, bench: Mapping[str, Any] | None = None) -> list[Written]:
     layers = {spec.role: (spec.path, desc.digest) for spec, desc in mk.layers if spec.role in PART_ROLES}
     predicates = {
-        "sbom": sbom.build_bom(mk.kitfile, mk.digest, layers, files, facts),
+        "sbom": sbom.build_bom(mk.kitfile, mk.digest, layers, files, facts, sbom.measured_metrics(bench) if bench else None),
         "provenance": provenance.build_provenance(mk.kitfile.data, str(mk.ref), files, written_by, started, finished),
     }
     created = finished or dt.datetime.now(dt.timezone.utc)
@@ -60,9 +61,22 @@ def attest_context(store: Store, ref: Ref, context: Path, files: Mapping[str, st
     return _write(store, mk, files, facts, private_key, "bundle pack", started, dt.datetime.now(dt.timezone.utc))
 
 
-def attest_stored(store: Store, ref: Ref, private_key: keys.PrivateKey) -> list[Written]:
+def read_bench(path: Path) -> dict[str, Any]:
+    """A `bundle bench --json` report from a file, checked against schemas/bench-report.schema.json (usage error)."""
+    from bundler.format import boundedjson
+    from bundler.format.schemacheck import schema_problem
+
+    report = boundedjson.read_json(path, "bench report", code="usage")
+    problem = schema_problem("bench-report.schema.json", report)
+    if problem:
+        raise BundleError("usage", f"{path} is not a `bundle bench --json` report: {problem}")
+    return report
+
+
+def attest_stored(store: Store, ref: Ref, private_key: keys.PrivateKey, bench: Mapping[str, Any] | None = None) -> list[Written]:
     """`bundle attest`: verify the bundle with the key's public half (its signature must be this key's), read
-    the model headers from a checkout whose weights stay in their blobs, then write the attestations."""
+    the model headers from a checkout whose weights stay in their blobs, then write the attestations; `bench`
+    (read_bench) puts what `bundle bench` measured into the SBOM's model card."""
     from runner.checks.modelinfo import FileRange  # torch-free; imported here to keep `bundle --help` light
 
     public = private_key.public_key()
@@ -79,4 +93,4 @@ def attest_stored(store: Store, ref: Ref, private_key: keys.PrivateKey) -> list[
     finally:
         make_writable(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-    return _write(store, mk, report.claims.files, facts, private_key, "bundle attest", None, None)
+    return _write(store, mk, report.claims.files, facts, private_key, "bundle attest", None, None, bench)

@@ -17,7 +17,7 @@ before it is signed. cyclonedx is imported only here, when a BOM is built.
 
 from __future__ import annotations
 
-__all__ = ["ModelFacts", "PREDICATE_TYPE", "build_bom", "model_facts", "validate_bom"]
+__all__ = ["ModelFacts", "PREDICATE_TYPE", "build_bom", "measured_metrics", "model_facts", "validate_bom"]
 
 import json
 from collections.abc import Mapping
@@ -155,11 +155,25 @@ def _model_card(facts: ModelFacts) -> dict[str, Any]:
     return {"modelParameters": params}
 
 
+def measured_metrics(bench: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A `bundle bench --json` report (schemas/bench-report.schema.json) as CycloneDX performance metrics: the
+    acceptance rate and the speed-ups it measured, each as the report gives it; nothing it lacks."""
+    prompts = bench.get("per_prompt")
+    where = f"bundle bench, {len(prompts)} prompts" if isinstance(prompts, list) else "bundle bench"
+    names = {"acceptance_rate": "acceptance rate (accepted / drafted tokens)",
+             "speedup_vs_target": "speed-up over the target alone (tokens/s)",
+             "speedup_vs_runner_plain": "speed-up over plain decoding by the same runner (tokens/s)",
+             "mean_accepted_length": "mean accepted length per target pass"}
+    return [{"type": label, "value": str(bench[key]), "slice": where} for key, label in names.items()
+            if isinstance(bench.get(key), (int, float)) and not isinstance(bench.get(key), bool)]
+
+
 def build_bom(kitfile: Kitfile, manifest_digest: str, layers: Mapping[str, tuple[str, str]], files: Mapping[str, str],
-              facts: Mapping[str, ModelFacts]) -> dict[str, Any]:
+              facts: Mapping[str, ModelFacts], measured: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ML-BOM as JSON: `layers` role -> (path, layer digest) for target, draft (where there is one) and
-    tokenizer; `files` every file's path -> sha256; `facts` role -> ModelFacts for the model roles.
-    Checked with the strict CycloneDX 1.6 validator (internal error if it does not pass)."""
+    tokenizer; `files` every file's path -> sha256; `facts` role -> ModelFacts for the model roles; `measured`
+    (measured_metrics) goes into the model card of the draft (the target's where there is no draft) as its
+    quantitative analysis. Checked with the strict CycloneDX 1.6 validator (internal error if it does not pass)."""
     from packageurl import PackageURL
 
     from bundler import __version__
@@ -193,10 +207,13 @@ def build_bom(kitfile: Kitfile, manifest_digest: str, layers: Mapping[str, tuple
     if "draft" in parts and "target" in parts:
         bom.register_dependency(parts["draft"], [parts["target"]])
     document = json.loads(JsonV1Dot6(bom).output_as_string())
+    measured_role = "draft" if "draft" in facts else "target"
     for item in document.get("components", []):
         role = item.get("bom-ref")
         if role in facts:
             item["modelCard"] = _model_card(facts[role])
+            if measured and role == measured_role:
+                item["modelCard"]["quantitativeAnalysis"] = {"performanceMetrics": measured}
     problem = validate_bom(document)
     if problem:
         raise BundleError("internal", f"the CycloneDX {SPEC_VERSION} BOM does not validate: {problem}")
