@@ -240,16 +240,6 @@ def attest(store: Store, ref: str, key_path: str, bench_path: str | None) -> Non
         click.echo(f"{written.kind} {written.digest}")
 
 
-def _required(require: tuple[str, ...], allow_unsigned: bool) -> tuple[str, ...]:
-    """--require's attestation kinds; they need trusted keys, so not with --allow-unsigned (usage)."""
-    from bundler.trust.attestation import parse_kinds
-
-    kinds = parse_kinds(require)
-    if kinds and allow_unsigned:
-        raise BundleError("usage", "--require checks attestations against trusted keys: it cannot go with --allow-unsigned")
-    return kinds
-
-
 def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--allow-unsigned", is_flag=True, help="Check integrity only; the origin is NOT verified.")(fn)
     fn = click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store (this command only).")(fn)
@@ -265,10 +255,11 @@ def _trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @command
 def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool, require: tuple[str, ...]) -> None:
     """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
+    from bundler.trust.attestation import parse_kinds
     from bundler.trust.verify import verify_bundle
 
     report = verify_bundle(store, parse_ref(ref), _trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
-                           require_attestations=_required(require, allow_unsigned))
+                           require_attestations=parse_kinds(require, allow_unsigned))
     if as_json:
         _emit(report.as_json())
     else:
@@ -857,11 +848,12 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
     from bundler.trust.recordlimits import MAX_RECORDS
     from bundler.registry.pull import pull as do_pull
+    from bundler.trust.attestation import parse_kinds
 
     trusted = _trusted(key_paths)
     for tick in _progress():
         result = do_pull(store, parse_ref(ref), trusted=trusted, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
-                             require_attestations=_required(require, allow_unsigned))
+                             require_attestations=parse_kinds(require, allow_unsigned))
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
     who += f" (signatures: {', '.join(result.signature_kinds)})" if result.signature_kinds else ""
     records = f"; {len(result.records)} run record(s) (check them with `bundle attestations`)" if result.records else ""

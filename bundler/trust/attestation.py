@@ -43,13 +43,16 @@ NAMES = {v: k for k, v in KINDS.items()}
 MAX_ATTESTATIONS = 16  # looked at per bundle: anyone able to attach referrers can attach thousands
 
 
-def parse_kinds(value: str | Sequence[str]) -> tuple[str, ...]:
-    """`sbom,provenance` (or several values) as kind names; usage error for an unknown one."""
+def parse_kinds(value: str | Sequence[str], allow_unsigned: bool = False) -> tuple[str, ...]:
+    """`--require sbom,provenance` (or several values) as kind names; usage error for an unknown one, and with
+    `allow_unsigned` (the attestations are checked against trusted keys, which that flag does without)."""
     items = [value] if isinstance(value, str) else list(value)
     names = [n.strip() for item in items for n in item.split(",") if n.strip()]
     unknown = [n for n in names if n not in KINDS]
     if unknown:
         raise BundleError("usage", f"unknown attestation {unknown[0]!r}: expected one of {', '.join(KINDS)}")
+    if names and allow_unsigned:
+        raise BundleError("usage", "--require checks attestations against trusted keys: it cannot go with --allow-unsigned")
     return tuple(dict.fromkeys(names))
 
 
