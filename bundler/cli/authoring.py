@@ -73,6 +73,9 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
     from bundler.verbs.pack import pack_checked
     from bundler.trust.sign import sign_modelkit
 
+    import datetime as dt
+
+    started = dt.datetime.now(dt.timezone.utc)
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), password()) if key_path else None  # fail before packing
     for tick in progress():
@@ -91,6 +94,10 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
         mk = load_modelkit(store, parsed)
         signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days, cosign_legacy)
         click.echo(f"signed by {signed.key_id[:16]}… (signature {signed.signature_digest})")
+        from bundler.verbs.pack import attest_packed
+
+        written = attest_packed(store, result, Path(context), private, started)
+        click.echo("attested: " + ", ".join(f"{w.kind} {w.digest[:19]}…" for w in written))
     click.echo(result.digest)
 
 
@@ -108,3 +115,18 @@ def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy
     private = keys.load_private_key(Path(key_path), password())
     signed = sign_checked(store, parsed, private, valid_days, cosign_legacy)
     click.echo(f"signed {parsed} ({signed.digest}) by {signed.key_id[:16]}…\n{signed.signature_digest}")
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--key", "key_path", required=True, type=click.Path(), help="The bundle's private key (PKCS#8 PEM): the bundle must verify with its public half.")
+@click.option("--bench", "bench_path", type=click.Path(), help="A `bundle bench REF --json` report of this bundle: its acceptance rate and speed-ups go into the SBOM's model card.")
+@command
+def attest(store: Store, ref: str, key_path: str, bench_path: str | None) -> None:
+    """Write the SBOM (CycloneDX 1.6 ML-BOM) and SLSA v1 provenance of a bundle already in the store, signed with KEY
+    (what `bundle pack --key` writes; for bundles packed before it did). Each line: type and attestation digest."""
+    from bundler.trust.attest import attest_stored, read_bench
+
+    bench = read_bench(Path(bench_path)) if bench_path else None  # a bad report: refused before anything is written
+    for written in attest_stored(store, parse_ref(ref), keys.load_private_key(Path(key_path), password()), bench):
+        click.echo(f"{written.kind} {written.digest}")

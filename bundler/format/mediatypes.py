@@ -4,7 +4,7 @@ its own in pkg/lib/constants/mediaType.go)."""
 from __future__ import annotations
 
 __all__ = [
-    "DSSE_ENVELOPE", "IN_TOTO", "MODELKIT_ARTIFACT", "MODELKIT_CONFIG", "OCI_EMPTY", "OCI_IMAGE_CONFIG",
+    "ATTESTATION_PREDICATES", "CYCLONEDX_BOM", "DSSE_ENVELOPE", "IN_TOTO", "PREDICATE_TYPE_ANNOTATION", "SLSA_PROVENANCE_V1", "MODELKIT_ARTIFACT", "MODELKIT_CONFIG", "OCI_EMPTY", "OCI_IMAGE_CONFIG",
     "OCI_INDEX", "OCI_MANIFEST", "RUN_RECORD", "SIGSTORE_BUNDLE", "SIGSTORE_BUNDLE_TYPES", "SIMPLE_SIGNING",
     "layer_kind", "layer_media_type",
 ]
@@ -38,6 +38,14 @@ IN_TOTO = "application/vnd.in-toto+json"
 # DSSE envelope.
 RUN_RECORD = IN_TOTO
 DSSE_ENVELOPE = "application/vnd.dsse.envelope.v1+json"
+
+# The standard attestations (bundler.trust.attest): in-toto predicate types that policy engines know. Each is
+# stored as cosign 3 stores an attestation, a Sigstore bundle referrer (artifactType SIGSTORE_BUNDLE) whose
+# manifest names the predicate type in PREDICATE_TYPE_ANNOTATION: that annotation tells them from signatures.
+CYCLONEDX_BOM = "https://cyclonedx.org/bom"
+SLSA_PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
+ATTESTATION_PREDICATES = (CYCLONEDX_BOM, SLSA_PROVENANCE_V1)
+PREDICATE_TYPE_ANNOTATION = "dev.sigstore.bundle.predicateType"
 
 
 def layer_media_type(kind: str) -> str:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from bundler.trust import cosign, dsse, signature
+from bundler.trust import attestation, cosign, dsse, signature
 from core.errors import BundleError
 from bundler.format.kitfile import MODEL_ROLES, LayerSpec, pickle_files
 from bundler.format.layerread import LayerScan, scan_layer
@@ -104,8 +104,10 @@ def verify_bundle(
     record: bool = True,
     allow_rollback: bool = False,
     allow_ref_mismatch: bool = False,
+    require_attestations: Sequence[str] = (),
 ) -> VerifyReport:
-    """Run every check on a bundle in the store; the report holds the first failure, if any."""
+    """Run every check on a bundle in the store; the report holds the first failure, if any.
+    `require_attestations` (sbom, provenance): each must be attached and signed by a trusted key."""
     report = VerifyReport(ref=str(ref))
 
     def check(name: str, fn: Any) -> Any:
@@ -135,9 +137,17 @@ def verify_bundle(
         report.claims, report.signer = claims, claims.key_id
         check("reference", lambda: _reference(ref, mk, allow_ref_mismatch))
         check("rollback", lambda: _rollback(store, mk, claims, record, allow_rollback))
+        if require_attestations:
+            check("attestations", lambda: _attestations(store, mk, trusted, require_attestations))
     except _Failed:
         pass
     return report
+
+
+def _attestations(store: Store, mk: ModelKit, trusted: Mapping[str, Any], required: Sequence[str]) -> tuple[None, str]:
+    """The required standard attestations (bundler.trust.attestation) are attached and verify."""
+    checks = attestation.attestation_checks(store, mk.digest, trusted)
+    return None, attestation.require_kinds(checks, required, f"{mk.ref} ({mk.digest[:19]}…)")
 
 
 def _load(store: Store, ref: Ref) -> tuple[ModelKit, str]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["pack", "pack_checked"]
+__all__ = ["attest_packed", "pack", "pack_checked"]
 
+import datetime as dt
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+from bundler.trust import attest
 from bundler.trust.contentcheck import ContentReport, check_content
 from core.errors import BundleError
 from bundler.format.kitfile import Kitfile, LayerSpec, load_kitfile
@@ -141,3 +143,9 @@ def pack_checked(
         if _stored(store, ref, plan):
             return plan, checked
     return pack(context, ref, store, kitfile_path, progress), checked
+
+
+def attest_packed(store: Store, result: PackResult, context: Path, private_key: Any, started: dt.datetime) -> list[attest.Written]:
+    """After signing a pack: its SBOM and SLSA provenance (bundler.trust.attest), signed with the same key, read
+    from the context just packed."""
+    return attest.attest_context(store, result.ref, context, {f.path: f.sha256 for f in result.files}, private_key, started)
