@@ -119,3 +119,18 @@ def test_push_pull_tag_and_gc_carry_a_modelpack_and_skopeo_shows_what_a_runtime_
     run_bundle("gc", "--store", str(tmp_path / "s2"), check=True)  # the bundle is still tagged: gc keeps every blob it needs
     assert load_modelkit(Store(tmp_path / "s2"), parse_ref(REF)).format == "modelpack"
     run_bundle("verify", REF, "--key", str(keypair[1]), "--store", str(tmp_path / "s2"), "--allow-ref-mismatch", check=True)
+
+
+def test_a_modelpack_serves_the_modelkits_greedy_completion(pair: Path, tmp_path: Path, keypair: tuple[Path, Path]) -> None:
+    from tests.test_serve import Server
+
+    modelkit = _greedy(pair, tmp_path, keypair, "modelkit")
+    _pack(pair, tmp_path / "served", "--format", "modelpack", "--key", str(keypair[0]))
+    server = Server(tmp_path / "served", keypair[1], "--sequences", "1")
+    try:
+        completion = server.client().completions.create(model=REF, prompt="the quick brown fox", max_tokens=12, temperature=0)
+        digest = load_modelkit(Store(tmp_path / "served"), parse_ref(REF)).digest
+        assert server.client().models.list().data[0].model_extra["specbundle"]["digest"] == digest
+    finally:
+        assert server.stop() == 0
+    assert completion.choices[0].text == modelkit["text"]
