@@ -63,9 +63,12 @@ def init(store: Store, target_dir: str, draft_dir: str | None, tokenizer_dir: st
 @click.option("--key", "key_path", type=click.Path(), help="Private key: sign the bundle too.")
 @click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
 @click.option("--cosign-legacy", is_flag=True, help="Also write cosign's older `sha256-<hex>.sig` tag form on push (for policy-controller key authorities; docs/cosign.md).")
+@click.option("--format", "fmt", type=click.Choice(["modelkit", "modelpack"]), default="modelkit", show_default=True,
+              help="modelkit: a KitOps ModelKit, one tar layer per Kitfile entry; modelpack: a CNCF ModelPack, one raw file per layer, "
+                   "for image volumes and ModelPack tools (docs/format.md says when to pick which).")
 @command
-def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float, cosign_legacy: bool) -> None:
-    """Pack CONTEXT into a ModelKit in the store; the last line printed is the manifest digest.
+def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float, cosign_legacy: bool, fmt: str) -> None:
+    """Pack CONTEXT into a ModelKit (or, with --format modelpack, a CNCF ModelPack) in the store; the last line printed is the manifest digest.
 
     Refused before anything is written: content `verify` or `run` would refuse (roles, the tokenizer gate,
     config.json, pairing; memory is left to `run`), and a name and version already signed here with other content.
@@ -79,7 +82,7 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), password()) if key_path else None  # fail before packing
     for tick in progress():
-        result, checked = pack_checked(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick)
+        result, checked = pack_checked(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick, fmt=fmt)
     p = checked.pairing
     if p.get("size_ratio") is None:  # no draft: a bundle for draft-free speculation
         click.echo(f"checked: tokenizer {checked.fingerprint}; {p['target_family']} target ({checked.format}), "

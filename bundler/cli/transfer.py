@@ -101,8 +101,9 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also every *.pub in $BUNDLE_TRUSTED_KEYS.")
 @click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store.")
 @click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
+@click.option("--evidence-only", is_flag=True, help="Write only the evidence (manifest, config, signature, origin) into DEST: for a bundle the container runtime mounts as an image volume, checked by `serve --from-dir MOUNT --evidence DEST`.")
 @command
-def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_rollback: bool, plain_http: bool) -> None:
+def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_rollback: bool, plain_http: bool, evidence_only: bool) -> None:
     """Pull SRC (bundle://HOST/REPO:TAG), verify it, check it as `run` would and unpack it into DEST with its evidence.
 
     The KServe storage-initializer contract: two arguments, everything else from the environment. Any refusal
@@ -110,6 +111,10 @@ def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_r
     from bundler.verbs.fetch import fetch as do_fetch
 
     for tick in progress():
-        result = do_fetch(store, src, Path(dest), trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick)
-    click.echo(f"fetched {result.ref} into {result.dest}: {result.files} files, signed by {result.signer}, tokenizer {result.fingerprint}")
+        result = do_fetch(store, src, Path(dest), trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick,
+                          evidence_only=evidence_only)
+    if evidence_only:
+        click.echo(f"fetched the evidence of {result.ref} into {result.dest}, signed by {result.signer}")
+    else:
+        click.echo(f"fetched {result.ref} into {result.dest}: {result.files} files, signed by {result.signer}, tokenizer {result.fingerprint}")
     click.echo(result.digest)

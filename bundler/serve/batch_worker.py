@@ -23,7 +23,6 @@ __all__ = ["BatchWorker"]
 
 import collections
 import queue
-import time
 from typing import Any
 
 from core.errors import BundleError

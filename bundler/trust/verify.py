@@ -19,10 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from bundler.trust import attestation, cosign, dsse, signature
+from bundler.trust import attestation, cosign, signature
 from core.errors import BundleError
 from bundler.format.kitfile import MODEL_ROLES, LayerSpec, pickle_files
-from bundler.format.layerread import LayerScan, scan_layer
+from bundler.format.layerread import LayerScan, merge_scans, scan_layer
+from bundler.format.modelpack import layer_members, layer_path
 from bundler.format.manifest import Descriptor
 from bundler.store.modelkit import ModelKit, file_hashes, load_modelkit
 from bundler.store.refs import Ref
@@ -159,17 +160,11 @@ def _scan_all(store: Store, mk: ModelKit) -> tuple[dict[str, LayerScan], str]:
     """Every layer read once, in parallel (hashlib releases the GIL), biggest first."""
     order = sorted(mk.layers, key=lambda item: -item[1].size)
     with ThreadPoolExecutor(max_workers=max(1, min(len(order), os.cpu_count() or 1))) as pool:
-        futures = {spec.path: pool.submit(scan_layer, store, desc, spec.path) for spec, desc in order}
-        scans = {path: fut.result() for path, fut in futures.items()}
-    seen: dict[str, str] = {}
-    for path, scan in scans.items():
-        for name in [*scan.files, *scan.dirs]:
-            if name in scan.files and name in seen:
-                raise BundleError("unsafe-archive", f"file {name!r} is in two layers ({seen[name]} and {path})")
-            seen.setdefault(name, path)
+        futures = [(spec.path, layer_path(desc, spec.path), pool.submit(scan_layer, store, desc, layer_path(desc, spec.path))) for spec, desc in order]
+        scans = merge_scans([(entry, shown, fut.result()) for entry, shown, fut in futures])
     total = sum(desc.size for _, desc in mk.layers)
     nfiles = sum(len(s.files) for s in scans.values())
-    return scans, f"{len(scans)} layers, {total} bytes, {nfiles} files: digests, sizes and entries safe"
+    return scans, f"{len(mk.layers)} layers, {total} bytes, {nfiles} files: digests, sizes and entries safe"
 
 
 def check_layer_roles(specs: Sequence[LayerSpec], scans: Mapping[str, LayerScan]) -> tuple[None, str]:
@@ -229,7 +224,6 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
     from pathlib import Path
 
     from bundler.format.layerread import TOKENIZER_FILES
-    from bundler.format.tarread import iter_layer
     from bundler.format.metadatacheck import check_tree
     from runner.checks.tokenizer_gate import check_tokenizers  # torch-free
 
@@ -239,10 +233,10 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
             if spec.role not in roles:
                 continue
             out = Path(tmp) / spec.role
-            out.mkdir()
+            out.mkdir(exist_ok=True)  # a ModelPack role has a layer per file
             dirs[spec.role] = out
             with open(store.blob_path(desc.digest), "rb") as f:
-                for member, content in iter_layer(f, spec.path):
+                for member, content in layer_members(f, desc, spec.path):
                     rel = posixpath.relpath(member.name, spec.path)
                     if member.kind == "file" and content is not None and "/" not in rel and rel in TOKENIZER_FILES:
                         (out / rel).write_bytes(content.read())
