@@ -19,7 +19,7 @@ from __future__ import annotations
 
 __all__ = [
     "PREDICATE_TYPE", "SignedClaims", "format_time", "named_key", "parse_time", "read_unverified", "sign",
-    "signed_expiry", "verify",
+    "signed_expiry", "statement_claims", "verify",
 ]
 
 import dataclasses
@@ -145,6 +145,12 @@ def _verify_certificate(envelope: "_Envelope", trusted: Mapping[str, PublicKey])
     if not dsse.signed_by(public_key, envelope.inner.signature, dsse.pae(envelope.payload_type, envelope.payload)):  # type: ignore[arg-type]
         raise _invalid(f"signature does not verify with the key of certificate {certs.signer_name(leaf)!r}: the signature or its payload was changed")
     return dataclasses.replace(claims, key_id=key_id(public_key), signer_name=certs.signer_name(leaf))  # type: ignore[arg-type]
+
+
+def statement_claims(payload_type: str, payload: bytes, signer_name: str) -> SignedClaims:
+    """What a payload verified elsewhere (a Sigstore keyless bundle, bundler.trust.sigstore_bundle) signs:
+    the same statement and predicate checks as `verify`, the signer named by its identity."""
+    return dataclasses.replace(_claims(payload_type, payload, ""), signer_name=signer_name)
 
 
 def read_unverified(bundle_json: bytes) -> SignedClaims | None:
