@@ -207,3 +207,44 @@ def test_we_verify_model_signings_certificate_signature(tmp_path):
     claims = signature.verify(sig.read_bytes(), _trust(pki))
     assert claims.signer_name == IDENTITY
     assert claims.files == FILES
+
+
+# ---------------------------------------------------------------- a bundle in the store
+
+
+def test_a_bundle_signed_with_a_certificate_verifies_by_name_and_refuses_another_identity(tree, tmp_path):
+    from bundler.store.layout import Store
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.trust.sign import sign_modelkit
+    from bundler.trust.verify import verify_bundle
+    from conftest import run_bundle
+
+    store = tmp_path / "store"
+    run_bundle("pack", str(tree), "-t", "tiny-spec:1.0.0", "--store", str(store), check=True)
+    pki = PKI()
+    key, leaf = pki.leaf()
+    mk = load_modelkit(Store(store), parse_ref("tiny-spec:1.0.0"))
+    sign_modelkit(Store(store), mk, key, certificates=[leaf, pki.intermediate])
+    report = verify_bundle(Store(store), parse_ref("tiny-spec:1.0.0"), _trust(pki))
+    assert report.ok, report.error
+    assert report.claims is not None and report.claims.signer_name == IDENTITY
+    assert any(IDENTITY in c.detail for c in report.checks if c.name == "signature")
+    refused = verify_bundle(Store(store), parse_ref("tiny-spec:1.0.0"), _trust(pki, identities=("other@example.org",)), record=False)
+    assert refused.error is not None and refused.error.code == "untrusted-signer" and refused.error.exit_code == 3
+
+
+def test_signing_with_a_certificate_of_another_key_is_refused(tree, tmp_path):
+    from bundler.store.layout import Store
+    from bundler.store.modelkit import load_modelkit
+    from bundler.store.refs import parse_ref
+    from bundler.trust.sign import sign_modelkit
+    from conftest import run_bundle
+
+    store = tmp_path / "store"
+    run_bundle("pack", str(tree), "-t", "tiny-spec:1.0.0", "--store", str(store), check=True)
+    pki = PKI()
+    _, leaf = pki.leaf()
+    with pytest.raises(BundleError) as info:
+        sign_modelkit(Store(store), load_modelkit(Store(store), parse_ref("tiny-spec:1.0.0")), ec.generate_private_key(ec.SECP256R1()), certificates=[leaf])
+    assert info.value.code == "key-error"

@@ -6,7 +6,7 @@ __all__ = ["attach_signature", "sign_checked", "sign_modelkit", "signed_fields"]
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from bundler.trust import cosign, keys, signature
 from core.errors import BundleError
@@ -54,13 +54,17 @@ def sign_modelkit(
     roles: Mapping[str, str] | None = None,
     valid_days: float = DEFAULT_VALID_DAYS,
     cosign_legacy: bool = False,
+    certificates: Sequence[Any] = (),
 ) -> SignResult:
     """Sign a bundle and store the signature artifacts beside it (files/roles: from pack, else read from the
-    layers): the model-signing one, the cosign-style one, and with `cosign_legacy` cosign's older tag form."""
+    layers): the model-signing one, the cosign-style one, and with `cosign_legacy` cosign's older tag form.
+    With `certificates` (the leaf of `private_key`, then its chain) the model-signing signature carries them."""
     if files is None or roles is None:
         files, roles = file_hashes(store, mk)
     fields = signed_fields(mk, roles, valid_days)
-    payload = signature.sign(files, fields, private_key, model_name=mk.kitfile.name)
+    if certificates and keys.key_id(certificates[0].public_key()) != keys.key_id(private_key.public_key()):
+        raise BundleError("key-error", "the signing certificate (--cert) is not the certificate of the private key (--key)")
+    payload = signature.sign(files, fields, private_key, model_name=mk.kitfile.name, certificates=certificates)
     # The same key signs the manifest digest as cosign does, for admission controllers (bundler.trust.cosign);
     # it expires with the model-signing signature.
     cosign_payload = cosign.sign_digest(mk.digest, private_key, {cosign.EXPIRES_ANNOTATION: fields["expires"]})

@@ -400,6 +400,8 @@ def signed_before_download(manifest_digest: str, payloads: list[bytes], trusted:
 
 def _signature_valid(payload: bytes, trusted: Mapping[str, Any]) -> tuple[signature.SignedClaims, str]:
     claims = signature.verify(payload, trusted)
+    if claims.signer_name:  # a certificate signer: named by its identity, its path checked to a trusted CA
+        return claims, f"ECDSA signature by certificate {claims.signer_name!r} (key {claims.key_id[:16]}…), chained to a trusted CA"
     return claims, f"ECDSA P-256 signature by trusted key {claims.key_id[:16]}…"
 
 
