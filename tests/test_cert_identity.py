@@ -248,3 +248,36 @@ def test_signing_with_a_certificate_of_another_key_is_refused(tree, tmp_path):
     with pytest.raises(BundleError) as info:
         sign_modelkit(Store(store), load_modelkit(Store(store), parse_ref("tiny-spec:1.0.0")), ec.generate_private_key(ec.SECP256R1()), certificates=[leaf])
     assert info.value.code == "key-error"
+
+
+# ---------------------------------------------------------------- what the command line will call
+
+
+def test_signing_certificates_take_the_leaf_of_the_key_and_its_chain(tmp_path):
+    pki = PKI()
+    key, leaf = pki.leaf()
+    chain = certificates.signing_certificates(key, _pem(tmp_path / "leaf.pem", leaf), _pem(tmp_path / "chain.pem", pki.intermediate))
+    assert chain == [leaf, pki.intermediate]
+    with pytest.raises(BundleError) as info:
+        certificates.signing_certificates(ec.generate_private_key(ec.SECP256R1()), tmp_path / "leaf.pem")
+    assert info.value.code == "key-error" and "not the certificate of the private key" in info.value.message
+
+
+def test_a_trust_policy_from_options_needs_a_ca_for_an_identity(tmp_path):
+    pki = PKI()
+    policy = certificates.trust_policy({}, [_pem(tmp_path / "ca.pem", pki.root)], [IDENTITY])
+    key, leaf = pki.leaf()
+    assert signature.verify(_sign(key, [leaf, pki.intermediate]), policy).signer_name == IDENTITY
+    with pytest.raises(BundleError) as info:
+        certificates.trust_policy({}, [], [IDENTITY])
+    assert info.value.code == "usage"
+
+
+def test_a_csr_asks_for_a_code_signing_certificate_of_the_key(tmp_path):
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = certificates.write_csr(key, "release", tmp_path / "bundle.csr", email=IDENTITY)
+    csr = x509.load_pem_x509_csr(path.read_bytes())
+    assert csr.is_signature_valid and csr.public_key() == key.public_key()
+    assert ExtendedKeyUsageOID.CODE_SIGNING in csr.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    with pytest.raises(BundleError):
+        certificates.write_csr(key, "release", path)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 __all__ = [
     "CertificateTrust", "TrustPolicy", "chain_material", "identities_of", "load_certificates",
-    "material_certificates", "oidc_issuer", "roots_from", "signer_name", "validate_signer",
+    "material_certificates", "oidc_issuer", "roots_from", "signer_name", "signing_certificates", "trust_policy",
+    "validate_signer", "write_csr",
 ]
 
 import base64
@@ -216,3 +217,47 @@ def _is_ca(cert: x509.Certificate) -> bool:
         return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
     except x509.ExtensionNotFound:
         return False
+
+
+def trust_policy(keys: dict[str, Any], ca_paths: Sequence[Path] = (), identities: Sequence[str] = (), issuers: Sequence[str] = ()) -> TrustPolicy:
+    """The trust a verification uses, from the command line: the trusted keys (bundler.trust.keys.trusted_keys)
+    plus `--ca ROOT.pem` (repeatable), `--identity` and `--issuer` (repeatable). An identity without a CA is a
+    usage error: it would allow nothing."""
+    if (identities or issuers) and not ca_paths:
+        raise BundleError("usage", "--identity/--issuer name who may sign under a CA: give the CA root with --ca ROOT.pem")
+    return TrustPolicy(keys, CertificateTrust(roots_from([Path(p) for p in ca_paths]), tuple(identities), tuple(issuers)))
+
+
+def signing_certificates(private_key: Any, cert_path: Path, chain_path: Path | None = None) -> list[x509.Certificate]:
+    """`--cert LEAF.pem [--chain CHAIN.pem]` for signing: the leaf first, then its chain. The leaf must be the
+    certificate of `private_key` and allow code signing. Errors: missing-input, key-error."""
+    leaf = load_certificates(Path(cert_path), "signing certificate")[0]
+    if leaf.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) != \
+            private_key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+        raise BundleError("key-error", f"signing certificate {cert_path} is not the certificate of the private key (--key)")
+    try:
+        _check_usage(leaf, signer_name(leaf))
+    except BundleError as err:
+        raise BundleError("key-error", err.message) from err
+    chain = load_certificates(Path(chain_path), "certificate chain") if chain_path else []
+    return [leaf, *chain]
+
+
+def write_csr(private_key: Any, common_name: str, path: Path, email: str | None = None, uri: str | None = None) -> Path:
+    """A PKCS#10 request for a code-signing certificate of `private_key` (for `bundle keygen --csr`): the CA
+    answers with the leaf that `--cert` takes. Never overwrites a file."""
+    from cryptography.hazmat.primitives import hashes
+
+    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+    names: list[x509.GeneralName] = ([x509.RFC822Name(email)] if email else []) + ([x509.UniformResourceIdentifier(uri)] if uri else [])
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+    pem = builder.sign(private_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    from bundler.format.atomicfile import write_atomically
+
+    try:
+        write_atomically(Path(path), pem, 0o644, replace=False)
+    except FileExistsError as err:
+        raise BundleError("usage", f"{path} already exists; refusing to overwrite it") from err
+    return Path(path)
