@@ -3,7 +3,7 @@ the trusted keys, JSON output, the progress bar."""
 
 from __future__ import annotations
 
-__all__ = ["command", "emit", "exit_if_refused", "fail", "human_size", "main", "password", "progress", "trust_options", "trusted"]
+__all__ = ["command", "emit", "exit_if_refused", "fail", "human_size", "identity_options", "main", "password", "progress", "trust_options", "trusted"]
 
 import functools
 import json
@@ -28,8 +28,23 @@ def password() -> bytes | None:
     return value.encode() if value else None
 
 
-def trusted(key_paths: tuple[str, ...]) -> dict[str, Any]:
-    return keys.trusted_keys([Path(p) for p in key_paths], os.environ.get(keys.TRUSTED_KEYS_ENV))
+def trusted(key_paths: tuple[str, ...], ca_paths: tuple[str, ...] = (), identities: tuple[str, ...] = (),
+            issuers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The trust policy of a command: --key (and $BUNDLE_TRUSTED_KEYS), plus the CA roots and the identities
+    (and OIDC issuers) a certificate signer may have (bundler.trust.certificates.trust_policy)."""
+    found = keys.trusted_keys([Path(p) for p in key_paths], os.environ.get(keys.TRUSTED_KEYS_ENV))
+    if not (ca_paths or identities or issuers):
+        return found
+    from bundler.trust.certificates import trust_policy
+
+    return trust_policy(found, [Path(p) for p in ca_paths], identities, issuers)
+
+
+def identity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--ca, --identity, --issuer: certificate signers trusted beside --key (docs/trust.md)."""
+    fn = click.option("--issuer", "issuers", multiple=True, help="With --ca: the OIDC issuer a signer's certificate must name, where it names one (repeatable).")(fn)
+    fn = click.option("--identity", "identities", multiple=True, help="With --ca: a signer identity allowed (the certificate's email, URI or DNS SAN, or its subject CN; repeatable; none: any the CA vouches for).")(fn)
+    return click.option("--ca", "ca_paths", multiple=True, type=click.Path(dir_okay=False), help="A CA root (PEM) whose code-signing certificates are trusted signers (repeatable).")(fn)
 
 
 def emit(obj: Any) -> None:
@@ -126,6 +141,7 @@ def trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--allow-unsigned", is_flag=True, help="Check integrity only; the origin is NOT verified.")(fn)
     fn = click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store (this command only).")(fn)
     fn = click.option("--allow-ref-mismatch", is_flag=True, help="Accept a reference whose repository name or version tag differs from what was signed.")(fn)
+    fn = identity_options(fn)
     return click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also every *.pub in $BUNDLE_TRUSTED_KEYS.")(fn)
 
 

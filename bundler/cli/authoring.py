@@ -6,6 +6,7 @@ __all__ = ["keygen", "init", "pack", "sign"]
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -13,16 +14,40 @@ from bundler.cli.app import command, human_size, main, password, progress
 from bundler.store.layout import Store
 from bundler.store.refs import parse_ref
 from bundler.trust import keys
+from core.errors import BundleError
+
+
+def signing_chain(private: Any, cert_path: str | None, chain_path: str | None) -> list[Any]:
+    """--cert and --chain: the leaf of the signing key, then its chain (bundler.trust.certificates); none without --cert."""
+    if cert_path is None:
+        if chain_path is not None:
+            raise BundleError("usage", "--chain goes with --cert")
+        return []
+    if private is None:
+        raise BundleError("usage", "--cert needs --key: the certificate's private key signs")
+    from bundler.trust.certificates import signing_certificates
+
+    return signing_certificates(private, Path(cert_path), Path(chain_path) if chain_path else None)
 
 
 @main.command()
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for bundle.key and bundle.pub.")
+@click.option("--csr", "csr_name", metavar="COMMON_NAME", help="Also write bundle.csr: a request for a code-signing certificate of the key with this subject CN, for your CA (then sign with --cert).")
+@click.option("--csr-email", help="With --csr: an email SAN (the identity verifiers pin with --identity).")
+@click.option("--csr-uri", help="With --csr: a URI SAN (a workload identity, e.g. spiffe://...).")
 @command
-def keygen(store: Store, out_dir: str) -> None:
+def keygen(store: Store, out_dir: str, csr_name: str | None, csr_email: str | None, csr_uri: str | None) -> None:
     """Make an ECDSA P-256 key pair (the private key encrypted when BUNDLE_KEY_PASSWORD is set)."""
+    if (csr_email or csr_uri) and not csr_name:
+        raise BundleError("usage", "--csr-email and --csr-uri go with --csr COMMON_NAME")
     key_path, pub_path = keys.generate_keypair(Path(out_dir), password())
     pub = keys.load_public_key(pub_path)
     click.echo(f"private key: {key_path}\npublic key:  {pub_path}\nkey id:      {keys.key_id(pub)}")
+    if csr_name:
+        from bundler.trust.certificates import write_csr
+
+        csr = write_csr(keys.load_private_key(key_path, password()), csr_name, Path(out_dir) / "bundle.csr", csr_email, csr_uri)
+        click.echo(f"certificate request: {csr}")
 
 
 @main.command()
@@ -66,8 +91,11 @@ def init(store: Store, target_dir: str, draft_dir: str | None, tokenizer_dir: st
 @click.option("--format", "fmt", type=click.Choice(["modelkit", "modelpack"]), default="modelkit", show_default=True,
               help="modelkit: a KitOps ModelKit, one tar layer per Kitfile entry; modelpack: a CNCF ModelPack, one raw file per layer, "
                    "for image volumes and ModelPack tools (docs/format.md says when to pick which).")
+@click.option("--cert", "cert_path", type=click.Path(dir_okay=False), help="The signing certificate (PEM) of --key: the signature carries it, and verifiers trust it through their CA (--ca) and identity.")
+@click.option("--chain", "chain_path", type=click.Path(dir_okay=False), help="With --cert: the intermediate certificates up to the CA (PEM, leaf's issuer first).")
 @command
-def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float, cosign_legacy: bool, fmt: str) -> None:
+def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float, cosign_legacy: bool, fmt: str,
+         cert_path: str | None, chain_path: str | None) -> None:
     """Pack CONTEXT into a ModelKit (or, with --format modelpack, a CNCF ModelPack) in the store; the last line printed is the manifest digest.
 
     Refused before anything is written: content `verify` or `run` would refuse (roles, the tokenizer gate,
@@ -81,6 +109,7 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
     started = dt.datetime.now(dt.timezone.utc)
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), password()) if key_path else None  # fail before packing
+    chain = signing_chain(private, cert_path, chain_path)
     for tick in progress():
         result, checked = pack_checked(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick, fmt=fmt)
     p = checked.pairing
@@ -95,7 +124,8 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
         from bundler.store.modelkit import load_modelkit
 
         mk = load_modelkit(store, parsed)
-        signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days, cosign_legacy)
+        signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days, cosign_legacy,
+                               certificates=chain)
         click.echo(f"signed by {signed.key_id[:16]}… (signature {signed.signature_digest})")
         from bundler.verbs.pack import attest_packed
 
@@ -109,14 +139,16 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
 @click.option("--key", "key_path", required=True, type=click.Path(), help="Private key (PKCS#8 PEM).")
 @click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
 @click.option("--cosign-legacy", is_flag=True, help="Also write cosign's older `sha256-<hex>.sig` tag form on push (for policy-controller key authorities; docs/cosign.md).")
+@click.option("--cert", "cert_path", type=click.Path(dir_okay=False), help="The signing certificate (PEM) of --key: the signature carries it, and verifiers trust it through their CA (--ca) and identity.")
+@click.option("--chain", "chain_path", type=click.Path(dir_okay=False), help="With --cert: the intermediate certificates up to the CA (PEM, leaf's issuer first).")
 @command
-def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy: bool) -> None:
+def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy: bool, cert_path: str | None, chain_path: str | None) -> None:
     """Sign a bundle already in the store; refused where `bundle pack --key` would refuse it."""
     from bundler.trust.sign import sign_checked
 
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), password())
-    signed = sign_checked(store, parsed, private, valid_days, cosign_legacy)
+    signed = sign_checked(store, parsed, private, valid_days, cosign_legacy, certificates=signing_chain(private, cert_path, chain_path))
     click.echo(f"signed {parsed} ({signed.digest}) by {signed.key_id[:16]}…\n{signed.signature_digest}")
 
 

@@ -18,18 +18,46 @@ from core.display import shown
 from core.errors import BundleError
 
 
+def verify_keyless_directory(model_dir: Path, trusted_root: str | None, signature_path: str | None, identities: tuple[str, ...],
+                             issuers: tuple[str, ...], as_json: bool) -> None:
+    """`verify DIR --trusted-root ROOT --identity ID --issuer ISS`: a model directory signed keyless with
+    model-signing (Fulcio certificate, Rekor inclusion proof), checked offline with sigstore's verifier."""
+    if not trusted_root:
+        raise BundleError("usage", "--signature (a keyless model-signing signature) goes with --trusted-root")
+    if len(identities) != 1 or len(issuers) != 1:
+        raise BundleError("usage", "a keyless signature is checked against one --identity and one --issuer")
+    if not model_dir.is_dir():
+        raise BundleError("usage", f"with --trusted-root, {str(model_dir)!r} must be a model directory")
+    try:
+        from bundler.trust.sigstore_bundle import verify_model_directory
+    except ImportError:
+        raise BundleError("usage", "keyless verification needs the sigstore package: pip install 'specbundle[sigstore]'") from None
+    sig = Path(signature_path) if signature_path else model_dir / "model.sig"
+    claims = verify_model_directory(model_dir, sig, Path(trusted_root), identities[0], issuers[0])
+    if as_json:
+        emit({"ok": True, "model": str(model_dir), "signer": {"identity": identities[0], "issuer": issuers[0]}, "files": len(claims.files)})
+    else:
+        click.echo(f"verified {model_dir}: {len(claims.files)} files signed by {identities[0]} ({issuers[0]}), Sigstore keyless, offline")
+
+
 @main.command()
 @click.argument("ref")
 @trust_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @click.option("--require", "require", multiple=True, metavar="KINDS", help="Attestations that must be attached and signed by a trusted key: sbom, provenance (comma-separated or repeated).")
+@click.option("--trusted-root", type=click.Path(dir_okay=False), help="A Sigstore trusted_root.json (the public-good instance's or a private one): REF is then a model directory signed keyless with model-signing, checked offline against --identity and --issuer.")
+@click.option("--signature", "signature_path", type=click.Path(dir_okay=False), help="With --trusted-root: the model-signing signature (default DIR/model.sig).")
 @command
-def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool, require: tuple[str, ...]) -> None:
+def verify(store: Store, ref: str, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool, require: tuple[str, ...],
+           trusted_root: str | None, signature_path: str | None) -> None:
     """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
     from bundler.trust.attestation import parse_kinds
     from bundler.trust.verify import verify_bundle
 
-    report = verify_bundle(store, parse_ref(ref), trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
+    if trusted_root or signature_path:
+        return verify_keyless_directory(Path(ref), trusted_root, signature_path, identities, issuers, as_json)
+
+    report = verify_bundle(store, parse_ref(ref), trusted(key_paths, ca_paths, identities, issuers), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
                            require_attestations=parse_kinds(require, allow_unsigned))
     if as_json:
         emit(report.as_json())
@@ -40,7 +68,7 @@ def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: b
         click.echo(report.error.line(), err=True)
         sys.exit(report.error.exit_code)
     if not as_json:
-        who = f"signed by {report.signer}" if report.signer else "UNSIGNED (integrity only)"
+        who = f"signed by {report.signed_by}" if report.signer else "UNSIGNED (integrity only)"
         kinds = report.as_json()["signature_kinds"]
         click.echo(f"verified {report.ref} {report.digest} {who}" + (f" (signatures: {', '.join(kinds)})" if kinds else ""))
 
@@ -94,15 +122,15 @@ def inspect(store: Store, ref: str, key_paths: tuple[str, ...], max_tokens: int,
 @click.option("--signature", "signature_out", type=click.Path(dir_okay=False), help="Also write the verified signature (Sigstore bundle JSON) here, outside DIR, for `model_signing verify`.")
 @trust_options
 @command
-def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool) -> None:
+def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool) -> None:
     """Verify, then extract the bundle into DIR; never writes outside it."""
     from bundler.verbs.unpack import unpack as do_unpack
 
     if signature_out and Path(signature_out).resolve().is_relative_to(Path(dest).resolve()):
         raise BundleError("usage", f"--signature {signature_out} is inside {dest}: model_signing would count it as a file of the bundle")
     for tick in progress():
-        result = do_unpack(store, parse_ref(ref), Path(dest), trusted(key_paths), allow_unsigned, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
-    who = f"signed by {result.report.signer}" if result.report.signer else "UNSIGNED (integrity only)"
+        result = do_unpack(store, parse_ref(ref), Path(dest), trusted(key_paths, ca_paths, identities, issuers), allow_unsigned, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
+    who = f"signed by {result.report.signed_by}" if result.report.signer else "UNSIGNED (integrity only)"
     click.echo(f"unpacked {result.files} files to {result.dest} ({who})")
     if signature_out and result.report.signature_json:
         Path(signature_out).write_bytes(result.report.signature_json)

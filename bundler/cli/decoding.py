@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from bundler.cli.app import command, emit, fail, main, password, trusted
+from bundler.cli.app import command, identity_options, emit, fail, main, password, trusted
 from bundler.cli.options import device_option, memory_budget_option
 from bundler.cli.render import format_stats, print_bench, print_tune
 from bundler.store.layout import Store
@@ -35,8 +35,9 @@ from core.errors import BundleError
 @click.option("--attest", "attest_key", type=click.Path(), help="Private key (P-256): sign a run record into the store when the run finishes.")
 @click.option("--attest-prompts", is_flag=True, help="With --attest: put the sha256 of the prompt and output in the record (never their text).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@identity_options
 @command
-def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key_paths: tuple[str, ...], as_json: bool, attest_key: str | None, attest_prompts: bool, **options: Any) -> None:
+def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], as_json: bool, attest_key: str | None, attest_prompts: bool, **options: Any) -> None:
     """Verify the bundle and the tokenizer match, then decode speculatively (losslessly)."""
     from bundler.verbs.run import run_bundle
 
@@ -49,7 +50,7 @@ def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key
     attest = keys.load_private_key(Path(attest_key), password()) if attest_key else None  # fail before running
     stream = None if as_json else (lambda text: click.echo(text, nl=False))
     try:
-        result = run_bundle(store, parsed, trusted(key_paths), prompt, on_text=stream, attest=attest, attest_prompts=attest_prompts, **options)
+        result = run_bundle(store, parsed, trusted(key_paths, ca_paths, identities, issuers), prompt, on_text=stream, attest=attest, attest_prompts=attest_prompts, **options)
     except BundleError as err:
         if as_json:
             fail(err, as_json=True, extra={"bundle": {"ref": ref}})

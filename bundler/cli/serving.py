@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import click
 
-from bundler.cli.app import command, main, password, trusted
+from bundler.cli.app import command, identity_options, main, password, trusted
 from bundler.cli.options import expected_reference, max_body_option, memory_budget_option, prompt_cache_option
 from bundler.store.layout import Store
 from bundler.store.refs import parse_ref
@@ -76,8 +76,9 @@ def client_keys(api_key_file: str | None, metrics_key_file: str | None) -> tuple
 @click.option("--allowed-host", "allowed_hosts", multiple=True, help="Another Host name to answer for besides loopback and --host (repeatable; `*`: any, behind a proxy).")
 @click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
 @setting("--header-timeout", ServeLimits, "header_timeout_s", type=click.FloatRange(0.1, 3600))
+@identity_options
 @command
-def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, metrics_key_file: str | None, max_queue: int,
+def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], api_key_file: str | None, metrics_key_file: str | None, max_queue: int,
           time_limit: float, attest_key: str | None, open_probes: bool, served_model_name: str | None, max_body: int, allowed_hosts: tuple[str, ...],
           max_connections: int | None, header_timeout: float, sequences: int | None, speculate: bool, prompt_cache: int | None, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
@@ -115,7 +116,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
         settings = ServeSettings(host=host, port=port, api_key=api_key, metrics_key=metrics_key, open_probes=open_probes, served_model_name=served_model_name,
                                  max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options),
                                  batch=BatchSettings(sequences=sequences, speculate=speculate, prompt_cache=prompt_cache))
-        serve_bundle(source, trusted(key_paths), settings, on_ready=ready, on_record=records.attach if records else None)
+        serve_bundle(source, trusted(key_paths, ca_paths, identities, issuers), settings, on_ready=ready, on_record=records.attach if records else None)
     finally:
         written = records.close() if records else None
         if written:

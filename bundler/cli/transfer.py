@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bundler.cli.app import command, main, progress, trust_options, trusted
+from bundler.cli.app import command, identity_options, main, progress, trust_options, trusted
 from bundler.store.layout import Store
 from bundler.store.refs import parse_ref
 from core.errors import BundleError
@@ -75,13 +75,13 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
 @click.option("--require", "require", multiple=True, metavar="KINDS", help="Attestations that must be attached and signed by a trusted key: sbom, provenance (comma-separated or repeated).")
 @command
-def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool, require: tuple[str, ...]) -> None:
+def pull(store: Store, ref: str, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool, require: tuple[str, ...]) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
     from bundler.trust.recordlimits import MAX_RECORDS
     from bundler.registry.pull import pull as do_pull
     from bundler.trust.attestation import parse_kinds
 
-    trusted_keys = trusted(key_paths)
+    trusted_keys = trusted(key_paths, ca_paths, identities, issuers)
     for tick in progress():
         result = do_pull(store, parse_ref(ref), trusted=trusted_keys, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
                              require_attestations=parse_kinds(require, allow_unsigned))
@@ -102,8 +102,9 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
 @click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store.")
 @click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
 @click.option("--evidence-only", is_flag=True, help="Write only the evidence (manifest, config, signature, origin) into DEST: for a bundle the container runtime mounts as an image volume, checked by `serve --from-dir MOUNT --evidence DEST`.")
+@identity_options
 @command
-def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_rollback: bool, plain_http: bool, evidence_only: bool) -> None:
+def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], allow_rollback: bool, plain_http: bool, evidence_only: bool) -> None:
     """Pull SRC (bundle://HOST/REPO:TAG), verify it, check it as `run` would and unpack it into DEST with its evidence.
 
     The KServe storage-initializer contract: two arguments, everything else from the environment. Any refusal
@@ -111,7 +112,7 @@ def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_r
     from bundler.verbs.fetch import fetch as do_fetch
 
     for tick in progress():
-        result = do_fetch(store, src, Path(dest), trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick,
+        result = do_fetch(store, src, Path(dest), trusted(key_paths, ca_paths, identities, issuers), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick,
                           evidence_only=evidence_only)
     if evidence_only:
         click.echo(f"fetched the evidence of {result.ref} into {result.dest}, signed by {result.signer}")

@@ -374,7 +374,7 @@ def pull(
             path.unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp.root, ignore_errors=True)
-    return PullResult(str(ref), remote.digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signer,
+    return PullResult(str(ref), remote.digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signed_by,
                       [d.digest for d, _ in signatures], [d.digest for d, _, _ in records],
                       sorted({s["kind"] for s in report.signatures if s["verified"]}), dropped_records, [d.digest for d, _ in attested])
 

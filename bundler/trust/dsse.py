@@ -15,9 +15,9 @@ Written with `cryptography` directly, so a third party can check an envelope wit
 from __future__ import annotations
 
 __all__ = [
-    "Envelope", "STATEMENT_TYPE", "canonical_json", "invalid", "is_sha256_hex", "parse_envelope",
-    "parse_statement", "require_object", "require_signing_key", "sign_envelope", "statement", "trusted_by_id",
-    "verify_signer",
+    "Envelope", "STATEMENT_TYPE", "canonical_json", "invalid", "is_sha256_hex", "pae", "parse_envelope",
+    "parse_statement", "require_object", "require_signing_key", "sign_envelope", "signed_by", "statement",
+    "trusted_by_id", "verify_signer",
 ]
 
 import base64

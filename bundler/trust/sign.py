@@ -6,7 +6,7 @@ __all__ = ["attach_signature", "sign_checked", "sign_modelkit", "signed_fields"]
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from bundler.trust import cosign, keys, signature
 from core.errors import BundleError
@@ -54,13 +54,17 @@ def sign_modelkit(
     roles: Mapping[str, str] | None = None,
     valid_days: float = DEFAULT_VALID_DAYS,
     cosign_legacy: bool = False,
+    certificates: Sequence[Any] = (),
 ) -> SignResult:
     """Sign a bundle and store the signature artifacts beside it (files/roles: from pack, else read from the
-    layers): the model-signing one, the cosign-style one, and with `cosign_legacy` cosign's older tag form."""
+    layers): the model-signing one, the cosign-style one, and with `cosign_legacy` cosign's older tag form.
+    With `certificates` (the leaf of `private_key`, then its chain) the model-signing signature carries them."""
     if files is None or roles is None:
         files, roles = file_hashes(store, mk)
     fields = signed_fields(mk, roles, valid_days)
-    payload = signature.sign(files, fields, private_key, model_name=mk.kitfile.name)
+    if certificates and keys.key_id(certificates[0].public_key()) != keys.key_id(private_key.public_key()):
+        raise BundleError("key-error", "the signing certificate (--cert) is not the certificate of the private key (--key)")
+    payload = signature.sign(files, fields, private_key, model_name=mk.kitfile.name, certificates=certificates)
     # The same key signs the manifest digest as cosign does, for admission controllers (bundler.trust.cosign);
     # it expires with the model-signing signature.
     cosign_payload = cosign.sign_digest(mk.digest, private_key, {cosign.EXPIRES_ANNOTATION: fields["expires"]})
@@ -156,7 +160,8 @@ def _own_expired(store: Store, subject_digest: str, public_key: Any) -> list[str
     return out
 
 
-def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = DEFAULT_VALID_DAYS, cosign_legacy: bool = False) -> SignResult:
+def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = DEFAULT_VALID_DAYS, cosign_legacy: bool = False,
+                 certificates: Sequence[Any] = ()) -> SignResult:
     """`bundle sign`: refuse what `bundle pack --key` refuses, then sign. In order: verify's integrity checks
     (no signature needed yet: a damaged bundle is never signed), the content checks verify and run make
     (bundler.trust.contentcheck, on the files extracted into a private temp directory), and no other content
@@ -168,4 +173,4 @@ def sign_checked(store: Store, ref: Ref, private_key: Any, valid_days: float = D
     assert mk is not None
     check_stored(store, report)
     check_new_release(store, mk.kitfile.name, mk.kitfile.version, mk.digest)
-    return sign_modelkit(store, mk, private_key, valid_days=valid_days, cosign_legacy=cosign_legacy)
+    return sign_modelkit(store, mk, private_key, valid_days=valid_days, cosign_legacy=cosign_legacy, certificates=certificates)

@@ -19,20 +19,21 @@ from __future__ import annotations
 
 __all__ = [
     "PREDICATE_TYPE", "SignedClaims", "format_time", "named_key", "parse_time", "read_unverified", "sign",
-    "signed_expiry", "verify",
+    "signed_expiry", "statement_claims", "verify",
 ]
 
+import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from bundler.format.mediatypes import SIGSTORE_BUNDLE
 from bundler.format.schemacheck import schema_problem
-from bundler.trust import dsse
+from bundler.trust import certificates as certs, dsse
 from core.errors import BundleError
 from bundler.trust.keys import PrivateKey, PublicKey, key_id
 
@@ -54,12 +55,13 @@ class SignedClaims:
     statement: dict[str, Any]  # the whole in-toto statement
     model_name: str = ""  # the subject name: informational only
     ignore_paths: tuple[str, ...] = field(default=())  # paths the signer's hashing left out, relative to the root
+    signer_name: str = ""  # a certificate signer's identity (SAN or CN); "" for a key signer
 
 
 # ---------------------------------------------------------------- signing
 
 
-def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key: PrivateKey, model_name: str) -> bytes:
+def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key: PrivateKey, model_name: str, certificates: Sequence[Any] = ()) -> bytes:
     """Sign `files` (path -> sha256 hex) and `bundle_fields`; return the Sigstore bundle JSON (canonical bytes).
 
     The predicate lists `files` with file-level sha256 serialization, as model_signing would over a
@@ -94,9 +96,11 @@ def sign(files: Mapping[str, str], bundle_fields: Mapping[str, Any], private_key
     if problem:
         raise BundleError("invalid-bundle", f"cannot sign: {problem}")
     statement = dsse.statement(model_name, _root_digest([files[n] for n in names]), PREDICATE_TYPE, predicate)
+    # With a certificate (leaf first, then its chain) the material is model-signing's certificate format.
+    material = certs.chain_material(certificates[0], certificates[1:]) if certificates else {"publicKey": {"hint": key_id(private_key)}, "tlogEntries": []}
     bundle = {
         "mediaType": SIGSTORE_BUNDLE,
-        "verificationMaterial": {"publicKey": {"hint": key_id(private_key)}, "tlogEntries": []},
+        "verificationMaterial": material,
         # model_signing leaves the DSSE keyid empty and names the key in the hint instead.
         "dsseEnvelope": dsse.sign_envelope(_canonical_json(statement), private_key, keyid=""),
     }
@@ -117,8 +121,36 @@ def verify(bundle_json: bytes, trusted: Mapping[str, PublicKey]) -> SignedClaims
     (no trusted key made it), key-error (a trusted key that is not P-256).
     """
     envelope = _parse_envelope(bundle_json)
+    if envelope.certificates:
+        return _verify_certificate(envelope, trusted)
     signer = dsse.verify_signer(envelope.inner, trusted, envelope.hint)
     return _claims(envelope.payload_type, envelope.payload, signer)
+
+
+def _verify_certificate(envelope: "_Envelope", trusted: Mapping[str, PublicKey]) -> SignedClaims:
+    """A certificate signature: the chain to a trusted CA at the signing time (the signed `created`, else
+    the leaf's start of validity as model-signing takes it), the identity, then the DSSE signature by the
+    leaf's key. The signer is named by the certificate's identity."""
+    claims = _claims(envelope.payload_type, envelope.payload, "")  # read first only for its signing time
+    created = claims.bundle.get("created")
+    try:
+        signed_at = parse_time(created) if created is not None else envelope.certificates[0].not_valid_before_utc
+    except ValueError:
+        raise _invalid(f"signed created {created!r} is not an RFC 3339 UTC timestamp"[:300]) from None
+    trust = getattr(trusted, "certificates", None) or certs.CertificateTrust()
+    leaf = certs.validate_signer(envelope.certificates, trust, signed_at)
+    public_key = leaf.public_key()
+    if not isinstance(public_key, PublicKey):
+        raise _invalid(f"certificate {certs.signer_name(leaf)!r} holds no ECDSA key")
+    if not dsse.signed_by(public_key, envelope.inner.signature, dsse.pae(envelope.payload_type, envelope.payload)):  # type: ignore[arg-type]
+        raise _invalid(f"signature does not verify with the key of certificate {certs.signer_name(leaf)!r}: the signature or its payload was changed")
+    return dataclasses.replace(claims, key_id=key_id(public_key), signer_name=certs.signer_name(leaf))  # type: ignore[arg-type]
+
+
+def statement_claims(payload_type: str, payload: bytes, signer_name: str) -> SignedClaims:
+    """What a payload verified elsewhere (a Sigstore keyless bundle, bundler.trust.sigstore_bundle) signs:
+    the same statement and predicate checks as `verify`, the signer named by its identity."""
+    return dataclasses.replace(_claims(payload_type, payload, ""), signer_name=signer_name)
 
 
 def read_unverified(bundle_json: bytes) -> SignedClaims | None:
@@ -183,6 +215,7 @@ def signed_expiry(value: Any, where: str) -> datetime | None:
 class _Envelope:
     hint: str | None
     inner: dsse.Envelope  # the DSSE envelope inside the Sigstore bundle
+    certificates: list[Any] = field(default_factory=list)  # leaf first, for a certificate signature
 
     @property
     def payload_type(self) -> str:
@@ -211,6 +244,11 @@ def _parse_envelope(bundle_json: bytes) -> _Envelope:
         raise _invalid(f"signature mediaType is {bundle['mediaType']!r}, expected {SIGSTORE_BUNDLE}")
 
     material = bundle["verificationMaterial"]
+    if isinstance(material, dict) and ("x509CertificateChain" in material or "certificate" in material):
+        _require_object(material, "verificationMaterial", required=set(), optional={"x509CertificateChain", "certificate", "tlogEntries"})
+        if material.get("tlogEntries", []) != []:
+            raise _invalid("signature has transparency log entries: a Sigstore (keyless) signature, checked against --trusted-root")
+        return _Envelope(hint=None, inner=dsse.parse_envelope(bundle["dsseEnvelope"], "dsseEnvelope"), certificates=certs.material_certificates(material) or [])
     _require_object(material, "verificationMaterial", required={"publicKey"}, optional={"tlogEntries"})
     if material.get("tlogEntries", []) != []:
         raise _invalid("signature has transparency log entries; only key-signed bundles are supported")

@@ -58,6 +58,11 @@ class VerifyReport:
     signature_json: bytes | None = None  # the Sigstore bundle that verified
     tokenizer_hashes: dict[str, str] = field(default_factory=dict)
     unsigned: bool = False
+
+    @property
+    def signed_by(self) -> str | None:
+        """Who signed, as a person reads it: a certificate's identity (its name), else the key id."""
+        return (self.claims.signer_name if self.claims is not None and self.claims.signer_name else None) or self.signer
     skipped_signatures: list[dict[str, Any]] = field(default_factory=list)  # candidates that did not pass, and why
     signature_digest: str | None = None  # the signature artifact that verified
     # Every signature artifact looked at: {"kind": model-signing | cosign, "digest", "key_id", "verified"}
@@ -82,7 +87,8 @@ class VerifyReport:
             "ok": self.ok,
             "ref": self.ref,
             "digest": self.digest,
-            "signer": {"key_id": self.signer} if self.signer else None,
+            "signer": ({"key_id": self.signer, **({"name": self.signed_by} if self.signed_by != self.signer else {})}
+                       if self.signer else None),
             "unsigned": self.unsigned,
             "checks": [c.as_dict() for c in self.checks],
             "skipped_signatures": self.skipped_signatures,
@@ -403,6 +409,8 @@ def signed_before_download(manifest_digest: str, payloads: list[bytes], trusted:
 
 def _signature_valid(payload: bytes, trusted: Mapping[str, Any]) -> tuple[signature.SignedClaims, str]:
     claims = signature.verify(payload, trusted)
+    if claims.signer_name:  # a certificate signer: named by its identity, its path checked to a trusted CA
+        return claims, f"ECDSA signature by certificate {claims.signer_name!r} (key {claims.key_id[:16]}…), chained to a trusted CA"
     return claims, f"ECDSA P-256 signature by trusted key {claims.key_id[:16]}…"
 
 

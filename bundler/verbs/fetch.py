@@ -163,4 +163,4 @@ def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, pla
             where = f" {err.filename}" if err.filename else ""
             raise BundleError("usage", f"fetch into {dest} failed writing{where}: {err.strerror or err}") from None
         raise
-    return FetchResult(str(ref), mk.digest, report.signer, dest, files, fingerprint)
+    return FetchResult(str(ref), mk.digest, report.signed_by, dest, files, fingerprint)
