@@ -340,3 +340,23 @@ def test_kyverno_verifies_every_bundle_named_beside_the_shipped_one(where: str) 
     signed = _signed(ref)
     assert any("not signed" in m for m in ivp_admit(obj, signed)) and OTHER in signed.asked
     assert ivp_admit(obj, _signed(ref, OTHER)) == []
+
+
+@pytest.mark.parametrize("name", sorted(set(SHIPPED) - {"llminferenceservice"}))
+def test_the_deprecated_clusterpolicy_sees_the_reference_on_both_paths(name: str) -> None:
+    """docs/policies/kyverno-clusterpolicy-before-1.18.yaml (Kyverno < 1.18): its image extractors hand the pinned
+    reference to verifyImages on each path (an LLMInferenceService itself is not matched there: its Pods are)."""
+    from tests.test_admission_policy import _filtered, kyverno_references
+
+    assert _filtered(kyverno_references(SHIPPED[name]())) == {_ref(name)}
+
+
+def test_a_predictor_annotation_naming_another_bundle_is_refused_on_the_storage_initializer_path() -> None:
+    """deploy/kserve's InferenceService (by directory) with a predictor annotation: the pods would carry a second
+    name for the bundle, so it is held to the by-reference shape, which it does not have."""
+    from tests.admission import inferenceservice
+
+    isvc = inferenceservice()
+    isvc["spec"]["predictor"]["annotations"] = {"specbundle.bundle-ref": OTHER}
+    for refused in _refused(isvc):
+        assert any("serve must serve $(BUNDLE_REF)" in m for m in refused), refused
