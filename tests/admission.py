@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -53,9 +54,15 @@ def _substring(s: Any, start: Any, end: Any = None) -> celpy.celtypes.StringType
 FUNCTIONS: dict[str, Callable[..., Any]] = {"substring": _substring}
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(expression: str) -> Any:
+    """The parse tree of an expression, parsed once per test session (the policies' expressions repeat)."""
+    return celpy.Environment().compile(expression)
+
+
 def cel(expression: str, activation: dict[str, Any], functions: dict[str, Callable[..., Any]] | None = None) -> Any:
     env = celpy.Environment()
-    result = env.program(env.compile(expression), functions={**FUNCTIONS, **(functions or {})}).evaluate(activation)
+    result = env.program(_compiled(expression), functions={**FUNCTIONS, **(functions or {})}).evaluate(activation)
     if isinstance(result, celpy.CELEvalError):
         raise AssertionError(f"{expression!r}: {result}")
     return result
