@@ -29,7 +29,8 @@ from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
 from runner.checks.memory import check_memory
 from runner.checks.pairing import check_pairing
 from runner.decoding.run_history import with_history
-from runner.decoding.settings import DRAFT_FREE_METHODS, DecodingSettings, cache_tokens, draft_length, thread_count
+from runner.decoding.methods import DRAFT_FREE_METHODS
+from runner.decoding.settings import DecodingSettings, cache_tokens, draft_length, thread_count
 from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -273,7 +274,8 @@ def generate(
         eos_ids=pair.eos_ids,
         vocab_size=pair.vocab_size,
         on_tokens=stream,
-        start_plain=advice or pair.plain_reason,
+        start_plain=advice,
+        prior=pair.prior,
     ))
     end = time.perf_counter()
     first = first_token[0] if first_token else None

@@ -4,27 +4,24 @@ caches with it before torch is imported."""
 
 from __future__ import annotations
 
-__all__ = ["ALL_METHODS", "DRAFT_FREE_METHODS", "DecodingSettings", "cache_tokens", "default_methods", "draft_length", "thread_count"]
+__all__ = ["DecodingSettings", "cache_tokens", "draft_length", "longest_draft", "thread_count"]
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from runner.checks.cpus import usable_cpus
+from runner.decoding.methods import ALL_METHODS, default_methods
 from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS
 
 DEFAULT_DRAFT_TOKENS = 5  # k when neither the command line nor the bundle names one
-# How a step proposes: the bundle's draft model, prompt lookup (runner.decoding.ngram), or prompt lookup
-# first with the draft model where it finds no match. Plain decoding is always the guard's fallback.
-ALL_METHODS = ("ngram+draft", "draft", "ngram")
-DRAFT_FREE_METHODS = ("ngram",)
 # Fields the proposers read (the loop takes them with the others: loop_args).
 PROPOSER_FIELDS = ("methods", "ngram_min", "ngram_max", "ngram_tokens")
 
 
-def default_methods(has_draft: bool) -> tuple[str, ...]:
-    """Every method a bundle's parts allow: all three with a draft model, prompt lookup alone without."""
-    return ALL_METHODS if has_draft else DRAFT_FREE_METHODS
+def longest_draft(draft_tokens: int) -> int:
+    """max k: adaptive drafts grow to twice the first draft length (written here once)."""
+    return 2 * max(draft_tokens, 1)
 
 
 def draft_length(params: Mapping[str, Any], override: int | None = None) -> int:
@@ -42,7 +39,7 @@ def cache_tokens(prompt_tokens: int, max_new_tokens: int, draft_tokens: int, ngr
     look-ahead of a verify pass, which writes the last kept token and up to 2 * draft_tokens drafts (adaptive
     drafts grow to twice draft_tokens), or ngram_tokens of a prompt lookup, in one call before the rejected ones
     are cropped: k + 1 positions."""
-    return prompt_tokens + max_new_tokens + max(2 * max(draft_tokens, 1), ngram_tokens) + 1
+    return prompt_tokens + max_new_tokens + max(longest_draft(draft_tokens), ngram_tokens) + 1
 
 
 @dataclass(frozen=True)
@@ -55,7 +52,7 @@ class DecodingSettings:
     draft_confidence: float = 0.0  # a draft stops early below this probability of its whole proposal
     min_acceptance: float = 0.0  # the guard falls back below this per-token acceptance
     guard: bool = True  # fall back to plain decoding when the draft does not pay
-    methods: tuple[str, ...] = ALL_METHODS  # the proposers the guard may choose among, per sequence
+    methods: tuple[str, ...] = ALL_METHODS  # the methods' names (runner.decoding.methods) the policy may choose among
     ngram_min: int = DEFAULT_MIN_N  # prompt lookup matches suffixes of ngram_min..ngram_max tokens
     ngram_max: int = DEFAULT_MAX_N
     ngram_tokens: int = DEFAULT_NGRAM_TOKENS  # k of a prompt-lookup proposal
@@ -82,6 +79,15 @@ class DecodingSettings:
     def loop_args(self) -> dict[str, Any]:
         """The settings as keyword arguments of the decoding loop, the proposers' fields included."""
         return asdict(self)
+
+    @property
+    def max_k(self) -> int:
+        """The longest draft (runner.decoding.settings.longest_draft)."""
+        return longest_draft(self.draft_tokens)
+
+    def without_proposals(self) -> DecodingSettings:
+        """These settings with no proposing method: plain decoding (serve --no-draft)."""
+        return replace(self, methods=())
 
     def proposer_args(self) -> dict[str, Any]:
         """The methods the guard may choose among and the prompt-lookup proposer's settings."""
