@@ -216,3 +216,19 @@ def test_seeded_means_what_the_sampler_calls_sampled():
     for temperature in (0.0, tiny / 2, tiny, 0.7):
         sampled = not Sampler(temperature, 1.0, 1, torch.device("cpu"), V).greedy
         assert is_seeded(temperature, 1) == sampled and not is_seeded(temperature, None)
+
+
+def test_no_method_name_is_compared_outside_the_policys_room():
+    """Method names are read once (runner.decoding.methods.methods_named); the decoding path holds Method values,
+    so no module outside the policy's parts compares a name (a role named "draft" is not a method)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    names = r'"(?:draft|ngram|ngram\+draft|plain)"'
+    compared = re.compile(rf'(?:==|!=)\s*{names}|{names}\s*(?:==|!=)|"(?:ngram|ngram\+draft|plain)"\s+(?:not\s+)?in\b')
+    room = {"methods.py"}  # where the names are written, once
+    files = [*(root / "runner" / "decoding").glob("*.py"), *(root / "runner").glob("*.py"), *(root / "bundler" / "serve").glob("*.py")]
+    found = [f"{path.relative_to(root)}:{i}" for path in files if path.name not in room
+             for i, line in enumerate(path.read_text().splitlines(), 1) if compared.search(line.split("#")[0])]
+    assert found == []
