@@ -1,17 +1,17 @@
 """One speculative step, for one sequence or many: plan -> passes -> accept.
 
 Each sequence keeps its loop state (`SequenceState`: its sampler, draft length k, the token `last` not yet in
-the target's cache, the tokens `behind` that the draft model's cache lacks, its guard, n-gram index and
-statistics). A step:
+the target's cache, the tokens `behind` that the draft model's cache lacks, its policy, n-gram index and
+statistics). The step is mechanism only; what to do is its sequences' policies' (runner.decoding.policy). A step:
 
-1. plan: per sequence a `Plan`, a value: one plain target step, or up to `budget` tokens proposed by the
-   draft model or by an n-gram of the text so far (runner.decoding.ngram). The guard says whether to propose.
+1. plan: per sequence, its policy's `Plan`, a value: one plain target step, or up to `budget` tokens proposed by
+   the draft model, or an n-gram of the text so far (runner.decoding.ngram).
 2. passes: the draft model's passes (one per draft position, every drafting sequence in each), then one
    target pass over each sequence's `last` and its proposal, plus whatever the caller fills the pass with
    (prompt chunks of joining sequences).
-3. accept: per sequence, the verify rule (runner.decoding.sampling), both caches cut back to what was kept,
-   adaptive k and the statistics; `finish` then applies the token limit, eos, the caller's stop and the
-   guard's verdict.
+3. accept: per sequence, the verify rule (runner.decoding.sampling), both caches cut back to what was kept and
+   the statistics: one `Verdict` (new tokens and the proposal's `Outcome`) per sequence, in a `StepResult`;
+   `finish` then applies the token limit, eos and the caller's stop, and the policy learns from the verdict.
 
 runner.decoding.speculative runs it over one sequence (its engines wrapped as one-sequence contexts,
 `EngineRows`); runner.decoding.batching over many, in the engines' batch contexts. Invariant between steps:
