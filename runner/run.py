@@ -267,7 +267,7 @@ def generate(
         pair.draft,
         prompt_ids,
         max_new_tokens,
-        **settings.loop_args(),
+        settings=settings,
         temperature=temperature,
         top_p=top_p,
         seed=seed,

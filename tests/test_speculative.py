@@ -292,3 +292,17 @@ def test_sampled_tokens_follow_the_target_distribution_with_ngram_proposals():
     assert 0 < accepted < drafted
     for position, exact in enumerate((p1, p2)):
         assert total_variation(counts[position], exact) < 0.08, position
+
+
+def test_the_settings_pass_as_one_value_and_a_keyword_overrides_one_field(target, drafts):
+    from runner.decoding.settings import DRIVER_DEFAULTS, DecodingSettings
+
+    prompt = prompts(2)[1]
+    settings = DecodingSettings(draft_tokens=2, methods=("ngram+draft",), guard=False)
+    as_value = generate_speculative(target, drafts["layer-skip"], prompt, 24, settings=settings)
+    as_keywords = generate_speculative(target, drafts["layer-skip"], prompt, 24, draft_tokens=2, methods=("ngram+draft",),
+                                       guard=False)
+    assert as_value.tokens == as_keywords.tokens and as_value.stats.by_method == as_keywords.stats.by_method
+    assert DRIVER_DEFAULTS.methods == ("draft",) and DRIVER_DEFAULTS.updated(draft_tokens=3).draft_tokens == 3
+    with pytest.raises(TypeError):
+        generate_speculative(target, drafts["layer-skip"], prompt, 4, draft_tokenz=3)

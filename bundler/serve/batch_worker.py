@@ -51,7 +51,7 @@ class BatchWorker:
         try:
             self.generator = BatchedGenerator(
                 pair.target, pair.draft if batch.speculate else None, sequences=sized.sequences, n_ctx_seq=pair.context_tokens,
-                **(pair.settings if batch.speculate else pair.settings.without_proposals()).loop_args(),  # --no-draft: plain
+                settings=pair.settings if batch.speculate else pair.settings.without_proposals(),  # --no-draft: plain
                 prior=pair.prior, eos_ids=pair.eos_ids, vocab_size=pair.vocab_size, cache_prompts=True,
                 prompt_cache_bytes=sized.prompt_cache_bytes, before_pass=self.outbox.send,
             )

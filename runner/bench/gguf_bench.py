@@ -219,7 +219,7 @@ def _methods(target, draft, theirs, settings: DecodingSettings, eos: set[int], m
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
         r = with_history(history, settings.guard, 0.0, None, lambda advice: generate_speculative(
-            target, draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, start_plain=advice, prior=prior))
+            target, draft, x, max_new_tokens, settings=settings, eos_ids=eos, start_plain=advice, prior=prior))
         return r.tokens, r.stats
 
     return {"target_only": _plain(target, eos, max_new_tokens), "llama_cpp_python": _their_generate(theirs, eos, max_new_tokens),

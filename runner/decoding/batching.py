@@ -27,14 +27,15 @@ __all__ = ["BatchedGenerator", "Sequence", "batchable", "default_sequences", "sh
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS, NgramProposer
+from runner.decoding.ngram import NgramProposer
 from runner.decoding.policy import PairFacts, Policy, is_seeded
 from runner.decoding.prompt_cache import CacheEntry, PromptCache
 from runner.decoding.sampling import Sampler
-from runner.decoding.settings import DecodingSettings, cache_tokens
+from runner.decoding.settings import DRIVER_DEFAULTS, DecodingSettings, cache_tokens
 from runner.decoding.stats import Stats
 from runner.decoding.step import SequenceState, Step, Verdict
 from runner.engines import BatchContext, as_engine
@@ -85,25 +86,21 @@ class BatchedGenerator:
     prompt_cache_bytes: with cache_prompts, host memory for copies of cells an id is about to lose (0: none).
     before_pass: called right before each step's first pass (a server hands its clients their tokens there, while
     the pass runs without the GIL). prior: the cost table's reason the draft model cannot pay
-    (runner.pair.LoadedPair.prior). The other settings are generate_speculative's, for every sequence alike.
+    (runner.pair.LoadedPair.prior). settings (and keywords overriding its fields) as generate_speculative's, for
+    every sequence alike.
     """
 
-    def __init__(self, target, draft, *, sequences: int, n_ctx_seq: int,
-                 draft_tokens: int = 5, adaptive: bool = True, draft_confidence: float = 0.0,
-                 eos_ids: Iterable[int] = (), min_acceptance: float = 0.0, guard: bool = True,
-                 vocab_size: int | None = None, cache_prompts: bool = False, prompt_cache_bytes: int = 0,
-                 before_pass: Callable[[], None] | None = None, methods: tuple[str, ...] = ("draft",),
-                 ngram_min: int = DEFAULT_MIN_N, ngram_max: int = DEFAULT_MAX_N, ngram_tokens: int = DEFAULT_NGRAM_TOKENS,
-                 prior: str | None = None) -> None:
+    def __init__(self, target, draft, *, sequences: int, n_ctx_seq: int, settings: DecodingSettings | None = None,
+                 eos_ids: Iterable[int] = (), vocab_size: int | None = None, cache_prompts: bool = False,
+                 prompt_cache_bytes: int = 0, before_pass: Callable[[], None] | None = None, prior: str | None = None,
+                 **fields: Any) -> None:
         self.target = shared_context(target, sequences, n_ctx_seq)
         self.draft = shared_context(draft, sequences, n_ctx_seq) if draft is not None else None
         sizes = [self.target.vocab_size] + ([self.draft.vocab_size] if self.draft is not None else [])
         self.vocab_size = vocab_size or min(sizes)
-        self.settings = DecodingSettings(draft_tokens=draft_tokens, adaptive=adaptive, draft_confidence=draft_confidence,
-                                         min_acceptance=min_acceptance, guard=guard, methods=tuple(methods),
-                                         ngram_min=ngram_min, ngram_max=ngram_max, ngram_tokens=ngram_tokens)
+        self.settings = (settings or DRIVER_DEFAULTS).updated(**fields)  # every sequence's alike
         self.pair = PairFacts(target, draft, prior)  # what every sequence's policy knows of the pair
-        self.stepper = Step(self.target, self.draft, draft_confidence=draft_confidence, eos=set(eos_ids))
+        self.stepper = Step(self.target, self.draft, draft_confidence=self.settings.draft_confidence, eos=set(eos_ids))
         self.slots: list[Sequence | None] = [None] * sequences
         self.cache_prompts, self.before_pass = cache_prompts, before_pass
         self.prompt_cache = PromptCache(prompt_cache_bytes) if cache_prompts and prompt_cache_bytes > 0 else None

@@ -4,19 +4,17 @@ caches with it before torch is imported."""
 
 from __future__ import annotations
 
-__all__ = ["DecodingSettings", "cache_tokens", "draft_length", "longest_draft", "thread_count"]
+__all__ = ["DRIVER_DEFAULTS", "DecodingSettings", "cache_tokens", "draft_length", "longest_draft", "thread_count"]
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.checks.cpus import usable_cpus
-from runner.decoding.methods import ALL_METHODS, default_methods
+from runner.decoding.methods import ALL_METHODS, DRAFT, default_methods
 from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS
 
 DEFAULT_DRAFT_TOKENS = 5  # k when neither the command line nor the bundle names one
-# Fields the proposers read (the loop takes them with the others: loop_args).
-PROPOSER_FIELDS = ("methods", "ngram_min", "ngram_max", "ngram_tokens")
 
 
 def longest_draft(draft_tokens: int) -> int:
@@ -44,7 +42,7 @@ def cache_tokens(prompt_tokens: int, max_new_tokens: int, draft_tokens: int, ngr
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    """The decoding loop's settings from the Kitfile's model.parameters["speculative"]: the keyword arguments
+    """The decoding loop's settings from the Kitfile's model.parameters["speculative"], the one value
     runner.decoding.speculative.generate_speculative and runner.decoding.batching.BatchedGenerator take."""
 
     draft_tokens: int = DEFAULT_DRAFT_TOKENS
@@ -76,19 +74,23 @@ class DecodingSettings:
             ngram_tokens=int(ngram.get("draft_tokens") or DEFAULT_NGRAM_TOKENS),
         )
 
-    def loop_args(self) -> dict[str, Any]:
-        """The settings as keyword arguments of the decoding loop, the proposers' fields included."""
-        return asdict(self)
-
     @property
     def max_k(self) -> int:
         """The longest draft (runner.decoding.settings.longest_draft)."""
         return longest_draft(self.draft_tokens)
 
+    def updated(self, **fields: Any) -> DecodingSettings:
+        """These settings with some fields replaced (a driver's keyword arguments: draft_tokens=4, guard=False);
+        TypeError for a name that is not a field."""
+        if "methods" in fields:
+            fields["methods"] = tuple(fields["methods"])
+        return replace(self, **fields)
+
     def without_proposals(self) -> DecodingSettings:
         """These settings with no proposing method: plain decoding (serve --no-draft)."""
         return replace(self, methods=())
 
-    def proposer_args(self) -> dict[str, Any]:
-        """The methods the guard may choose among and the prompt-lookup proposer's settings."""
-        return {name: getattr(self, name) for name in PROPOSER_FIELDS}
+
+# What the drivers (generate_speculative, BatchedGenerator) decode with when given no settings: the draft model
+# alone; a bundle's settings come from its Kitfile (DecodingSettings.from_params: every method its parts allow).
+DRIVER_DEFAULTS = DecodingSettings(methods=(DRAFT.name,))

@@ -15,13 +15,14 @@ __all__ = ["GenerationResult", "generate_plain", "generate_speculative"]
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS, NgramProposer
+from runner.decoding.ngram import NgramProposer
 from runner.decoding.policy import PairFacts, Policy, is_seeded
 from runner.decoding.sampling import Sampler
-from runner.decoding.settings import DecodingSettings, cache_tokens
+from runner.decoding.settings import DRIVER_DEFAULTS, DecodingSettings, cache_tokens
 from runner.decoding.stats import Stats
 from runner.decoding.step import EngineRows, SequenceState, Step, finish_tokens
 from runner.engines import Engine, as_engine
@@ -100,28 +101,22 @@ def generate_speculative(
     input_ids,
     max_new_tokens: int,
     *,
-    draft_tokens: int = 5,
-    adaptive: bool = True,
-    draft_confidence: float = 0.0,
+    settings: DecodingSettings | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
     eos_ids: Iterable[int] = (),
-    min_acceptance: float = 0.0,
-    guard: bool = True,
     vocab_size: int | None = None,
     on_tokens: Callable[[list[int]], bool | None] | None = None,
     start_plain: str | None = None,
     prior: str | None = None,
-    methods: tuple[str, ...] = ("draft",),
-    ngram_min: int = DEFAULT_MIN_N,
-    ngram_max: int = DEFAULT_MAX_N,
-    ngram_tokens: int = DEFAULT_NGRAM_TOKENS,
+    **fields: Any,
 ) -> GenerationResult:
     """Speculative decoding of `target` with `draft`; the output is distributed exactly as the target's.
 
-    The decoding settings (draft_tokens .. ngram_tokens: runner.decoding.settings.DecodingSettings) and what
-    is known of the pair decide through the sequence's policy (runner.decoding.policy.Policy.for_sequence, the
+    settings: the decoding settings as one value (runner.decoding.settings.DecodingSettings; default
+    DRIVER_DEFAULTS, the draft model alone), any of whose fields a keyword overrides (draft_tokens=4,
+    guard=False, methods=("ngram",)). They and what is known of the pair decide through the sequence's policy (runner.decoding.policy.Policy.for_sequence, the
     one call `bundle serve`'s batch makes too): draft_tokens is the first draft length k (adaptive: kept
     within 1..2*draft_tokens); draft_confidence stops a draft early once its probability of the whole proposal
     falls below it; guard: fall back to plain decoding when speculation does not pay (stats.fallback);
@@ -132,9 +127,7 @@ def generate_speculative(
     tokens; returning True from it stops the generation after that batch.
     target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
-    settings = DecodingSettings(draft_tokens=draft_tokens, adaptive=adaptive, draft_confidence=draft_confidence,
-                                min_acceptance=min_acceptance, guard=guard, methods=tuple(methods), ngram_min=ngram_min,
-                                ngram_max=ngram_max, ngram_tokens=ngram_tokens)
+    settings = (settings or DRIVER_DEFAULTS).updated(**fields)
     pair = PairFacts(target, draft, prior)  # the models as given: the process's memory is kept per that object
     target, draft = as_engine(target), as_engine(draft) if draft is not None else None
     engines = [target] + ([draft] if draft is not None else [])
@@ -142,13 +135,13 @@ def generate_speculative(
     sampler = Sampler(temperature, top_p, seed, target.device, _vocab_size(engines, vocab_size))
     stats = Stats()
     policy = Policy.for_sequence(settings, stats, pair, seeded=is_seeded(temperature, seed), advice=start_plain)
-    proposer = NgramProposer(ngram_min, ngram_max) if policy.looks_up else None
-    s = SequenceState(seq=0, sampler=sampler, max_new_tokens=max_new_tokens, k=max(draft_tokens, 1), policy=policy,
-                      proposer=proposer, on_tokens=on_tokens, stats=stats)
+    proposer = NgramProposer(settings.ngram_min, settings.ngram_max) if policy.looks_up else None
+    s = SequenceState(seq=0, sampler=sampler, max_new_tokens=max_new_tokens, k=max(settings.draft_tokens, 1),
+                      policy=policy, proposer=proposer, on_tokens=on_tokens, stats=stats)
     step = Step(EngineRows(target), EngineRows(draft) if draft is not None else None,
-                draft_confidence=draft_confidence, eos=set(eos_ids))
+                draft_confidence=settings.draft_confidence, eos=set(eos_ids))
     start = time.perf_counter()
-    room = cache_tokens(len(ids), max_new_tokens, draft_tokens, ngram_tokens if proposer is not None else 0)
+    room = cache_tokens(len(ids), max_new_tokens, settings.draft_tokens, settings.ngram_tokens if proposer is not None else 0)
     for engine in engines:
         engine.reset(room)
     s.last = int(_prefill(target, ids, stats))
