@@ -11,8 +11,8 @@ run` uses, at the prompts' context), measure everything; policies are replayed o
 - `oracle`: at every position the best choice knowing which proposed tokens the target accepts (dynamic
   programming over plain steps and all-accepted proposals): no lossless n-gram policy does better;
 - `fixed L`: propose up to L tokens at every match (llama.cpp's ngram-simple with --spec-draft-n-max L);
-- `guard`: runner.decoding.guard's choice per step (Guard.ngram_length: acceptance per match length,
-  the measured costs), replayed through the same Guard object.
+- `guard`: the policy's choice per step (runner.decoding.match_length.MatchLength.ngram_length: acceptance per match length,
+  the measured costs), replayed through the same MatchLength object.
 
 Prints one JSON object: the file, the cost curve in target steps, and per policy the predicted speed-up over
 plain decoding, overall and per category. A model of the loop, not a timing of it: `bundle bench` measures
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from runner.bench.machine import machine_info  # noqa: E402
 from runner.bench.prompt_sets import read_prompts  # noqa: E402
-from runner.decoding.guard import Guard  # noqa: E402
+from runner.decoding.match_length import MatchLength  # noqa: E402
 from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramProposer  # noqa: E402
 from runner.decoding.speculative import generate_plain  # noqa: E402
 from runner.decoding.stats import Stats  # noqa: E402
@@ -109,7 +109,7 @@ def guarded(records, cost: dict[int, float]) -> float:
     for k in range(1, LONGEST + 1):
         for _ in range(2):
             stats.record_iteration(k, 0, 0.0, cost[k + 1], catch_up=False, method="ngram")
-    guard = Guard(stats, max_k=LONGEST, min_acceptance=0.0, costs=None)
+    guard = MatchLength(stats, costs=None, memory=None)
     steps, i = 0.0, 0
     while i < len(records):
         proposal, matched, n = records[i]

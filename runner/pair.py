@@ -8,14 +8,14 @@ __all__ = ["LoadedPair", "TextStream", "context_tokens", "gguf_dirs", "prompt_id
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.checks.context_window import PromptContext, fitting_ids
 from runner.checks.gguf_model import bundle_format
-from runner.decoding.guard import prior_verdict
-from runner.decoding.settings import DecodingSettings
+from runner.decoding.policy import prior_verdict
+from runner.decoding.settings import DecodingSettings, longest_draft
 from runner.models import chat_template
 
 if TYPE_CHECKING:
@@ -107,24 +107,16 @@ class LoadedPair:
 
     @property
     def settings(self) -> DecodingSettings:
-        """The decoding loop's settings: the bundle's, with the draft length this pair was loaded for; without
-        the draft model's methods where the cost table says it cannot pay (`prior`)."""
-        settings = DecodingSettings.from_params(self.params, self.draft_tokens)
-        if self.prior and settings.guard:
-            return replace(settings, methods=tuple(dict.fromkeys("ngram" for m in settings.methods if m != "draft")))
-        return settings
+        """The decoding loop's settings: the bundle's, with the draft length this pair was loaded for. What the
+        cost table says of the draft model (`prior`) goes to the drivers beside them: each sequence's policy
+        decides with it (runner.decoding.policy.Policy.for_sequence)."""
+        return DecodingSettings.from_params(self.params, self.draft_tokens)
 
     @functools.cached_property
     def prior(self) -> str | None:
         """Why the draft model cannot pay on this CPU, read off the measured cost table before any step
-        (runner.decoding.guard.prior_verdict); None where it may, or where no table covers the pair."""
-        return prior_verdict(self.engine, self.dtype, self.target, self.draft, 2 * self.draft_tokens)
-
-    @property
-    def plain_reason(self) -> str | None:
-        """Why generation decodes plainly from its first token with no trial: the prior ruled the draft model
-        out and no draft-free method is allowed."""
-        return self.prior if self.prior and not self.settings.methods else None
+        (runner.decoding.policy.prior_verdict); None where it may, or where no table covers the pair."""
+        return prior_verdict(self.engine, self.dtype, self.target, self.draft, longest_draft(self.draft_tokens))
 
     def prompt_ids(self, prompt: str, raw: bool = False) -> list[int]:
         """The prompt as ids: through the chat template when the tokenizer has one and raw is off."""

@@ -30,7 +30,8 @@ from runner.pair import LoadedPair, TextStream, context_tokens, gguf_dirs
 from runner.checks.memory import check_memory
 from runner.checks.pairing import check_pairing
 from runner.decoding.run_history import with_history
-from runner.decoding.settings import DRAFT_FREE_METHODS, DecodingSettings, cache_tokens, draft_length, thread_count
+from runner.decoding.methods import DRAFT_FREE_METHODS
+from runner.decoding.settings import DecodingSettings, cache_tokens, draft_length, thread_count
 from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
 
 
@@ -269,14 +270,15 @@ def generate(
         pair.draft,
         prompt_ids,
         max_new_tokens,
-        **settings.loop_args(),
+        settings=settings,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
         eos_ids=pair.eos_ids,
         vocab_size=pair.vocab_size,
         on_tokens=stream,
-        start_plain=advice or pair.plain_reason,
+        start_plain=advice,
+        prior=pair.prior,
     ))
     end = time.perf_counter()
     first = first_token[0] if first_token else None

@@ -43,3 +43,27 @@ def test_readme_code_map_names_exactly_the_modules_that_exist() -> None:
     modules = {str(p.relative_to(ROOT)) for pkg in ("core", "bundler", "runner") for p in (ROOT / pkg).rglob("*.py")
                if p.name not in ("__init__.py", "__main__.py")}
     assert named == modules
+
+
+def named_modules(page: str) -> set[str]:
+    """The files and folders a page names in backticks (`runner/decoding/policy.py`, `pair.py`, `bundler/serve/`),
+    outside code blocks, placeholders (`<new>.py`) and the "before:" lines that tell what the layout replaced."""
+    text = re.sub(r"```.*?```", "", page, flags=re.S)
+    lines, before = [], False
+    for line in text.splitlines():  # a "- before" bullet runs on to the next bullet or blank line
+        if not line.strip() or line.lstrip().startswith("- "):
+            before = line.lstrip().startswith("- before")
+        if not before:
+            lines.append(line)
+    tokens = re.findall(r"`([^`\s]+)`", "\n".join(lines))
+    return {t for t in tokens if "<" not in t and re.fullmatch(r"[\w./-]+(\.py|/)", t)}
+
+
+def test_contributing_names_only_modules_that_exist() -> None:
+    searched = [p for top in ("core", "bundler", "runner", "tests") for p in (ROOT / top).rglob("*")]
+    def exists(name: str) -> bool:  # a path from the root, or a bare file name found in the packages or tests
+        return (ROOT / name).exists() or "/" not in name and any(p.name == name for p in searched)
+
+    named = named_modules((ROOT / "docs" / "contributing.md").read_text())
+    assert {"runner/decoding/policy.py", "runner/decoding/step.py"} <= named | {"runner/decoding/" + n for n in named}
+    assert sorted(n for n in named if not exists(n)) == []

@@ -1,16 +1,20 @@
 """The guard's prior in a fresh process: `bundle run` reads this CPU's measured cost table before its first
 step, and a pair whose measured costs cannot pay decodes plainly from the first token, with no trial step; a
-table under which the draft may pay leaves the draft model drafting."""
+table under which the draft may pay leaves the draft model drafting. `bundle serve` decides alike (both build a
+sequence's policy with runner.decoding.policy.Policy.for_sequence): the same reason in each answer's stats, and
+the fallback counted in /metrics and /health's window."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import run_bundle
 from runner.decoding import cost_prior
+from tests.test_serve import Server
 from tests.tinymodels import make_pair
 
 REF = "tiny-spec:1.0.0"
@@ -61,3 +65,21 @@ def test_a_pair_the_cost_table_says_may_pay_drafts(store: Path, keypair: tuple[P
     stats = out["stats"]
     assert stats["drafted"] > 0
     assert not stats["fallback"] or "cost table" not in stats["fallback"]["reason"]
+
+
+def test_serve_reports_and_counts_the_cost_tables_verdict_as_run_does(
+        store: Path, keypair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tables = write_table(tmp_path / "tables", verify_steps=50.0)
+    ran = _run(store, keypair[1], tables)["stats"]
+    monkeypatch.setenv(cost_prior.TABLES_ENV, str(tables))  # the server process inherits it
+    srv = Server(store, keypair[1], "--sequences", "2")  # the batch worker (a tiny safetensors pair batches on torch)
+    try:
+        body = {"model": REF, "prompt": "hello world", "max_tokens": 24, "temperature": 0}
+        served = httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["specbundle"]["stats"]
+        metrics, health = srv.metrics(), httpx.get(srv.url + "/health", timeout=10).json()
+    finally:
+        assert srv.stop() == 0
+    assert served["drafted"] == 0 and served["speculative_iterations"] == 0
+    assert served["fallback"] == ran["fallback"] and "cost table" in served["fallback"]["reason"]
+    assert metrics[("specbundle_fallbacks_total", ())] == 1
+    assert "fell back to plain decoding in 1 of the last 1 requests" in json.dumps(health)

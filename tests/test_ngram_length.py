@@ -1,18 +1,18 @@
-"""The guard's choice of how much of an n-gram match to verify (runner.decoding.guard.Guard.ngram_length):
+"""The policy's choice of how much of an n-gram match to verify (runner.decoding.match_length.MatchLength.ngram_length):
 from the match length's acceptance so far and what verify passes cost by length."""
 
-from runner.decoding.guard import Guard
+from runner.decoding.match_length import MatchLength
 from runner.decoding.stats import Stats
 
 
-def guard_with_costs(step_s: float, passes: dict[int, float]) -> Guard:
+def guard_with_costs(step_s: float, passes: dict[int, float]) -> MatchLength:
     """A guard whose statistics timed plain steps of step_s and verify passes over k drafts of passes[k] seconds."""
     stats = Stats()
     for _ in range(2):
         stats.record_step(step_s)
         for k, seconds in passes.items():
             stats.record_iteration(k, 0, 0.0, seconds, catch_up=False, method="ngram")
-    return Guard(stats, max_k=8, min_acceptance=0.0, costs=None)
+    return MatchLength(stats, costs=None)
 
 
 def test_flat_verify_cost_verifies_the_whole_match():
@@ -42,16 +42,16 @@ def test_a_match_not_verified_still_teaches_by_its_first_token():
 
 
 def test_a_cost_model_without_a_clock_decides_the_same_every_run():
-    guard = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 1.0))
+    guard = MatchLength(Stats(), costs=(0.0, 1.0))
     assert guard.ngram_length(2, 5) == 5
-    assert Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 4.0)).ngram_length(2, 5) == 0  # a = 0.5 never pays 4 steps
+    assert MatchLength(Stats(), costs=(0.0, 4.0)).ngram_length(2, 5) == 0  # a = 0.5 never pays 4 steps
 
 
 def test_a_later_generation_starts_from_what_earlier_ones_learned_of_the_target():
-    from runner.decoding.guard import PassMemory
+    from runner.decoding.match_length import PassMemory
 
     memory = PassMemory()
-    first = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None, memory=memory)
+    first = MatchLength(Stats(), costs=None, memory=memory)
     for _ in range(2):
         first.stats.record_step(0.01)
     for k in range(1, 9):  # passes about as cheap as a step (torch bf16 with AVX-512 BF16)
@@ -59,8 +59,8 @@ def test_a_later_generation_starts_from_what_earlier_ones_learned_of_the_target(
             first.timed_pass(k, 0.0102)
     for _ in range(10):
         first.ngram_observed(2, 4, 0)
-    fresh = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None)
-    later = Guard(Stats(), max_k=8, min_acceptance=0.0, costs=None, memory=memory)
+    fresh = MatchLength(Stats(), costs=None)
+    later = MatchLength(Stats(), costs=None, memory=memory)
     assert fresh.verify_steps(4) == 1.0 + 0.5 * 4  # nothing timed: the guess
     assert abs(later.verify_steps(4) - 1.02) < 1e-9  # the process's memory of the target
     assert fresh.ngram_length(2, 8) == 0 and later.ngram_length(2, 8) == 8
@@ -69,9 +69,9 @@ def test_a_later_generation_starts_from_what_earlier_ones_learned_of_the_target(
 
 
 def test_a_cost_model_never_reads_the_memory():
-    from runner.decoding.guard import PassMemory
+    from runner.decoding.match_length import PassMemory
 
     memory = PassMemory()
     memory.timed_pass(4, 9.0)
     memory.timed_pass(4, 9.0)
-    assert Guard(Stats(), max_k=8, min_acceptance=0.0, costs=(0.0, 1.0), memory=memory).verify_steps(4) == 1.0
+    assert MatchLength(Stats(), costs=(0.0, 1.0), memory=memory).verify_steps(4) == 1.0

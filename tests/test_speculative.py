@@ -5,16 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.decoding.stats import Stats, best_predicted_speedup, predicted_speedup
-from runner.decoding.guard import (
-    LOSS_BUDGET,
-    LOSS_FLOOR,
-    PATIENCE,
-    RETRY_AFTER,
-    TRIAL_ITERATIONS,
-    WARMUP_ITERATIONS,
-    Guard,
-)
+from runner.decoding.stats import best_predicted_speedup, predicted_speedup
+from runner.decoding.guard import PATIENCE, TRIAL_ITERATIONS, WARMUP_ITERATIONS
 from runner.decoding.sampling import Sampler, verify_sampled
 from runner.decoding.speculative import generate_plain, generate_speculative
 from tests.tinymodels import layer_skip_draft, tiny_llama
@@ -183,110 +175,6 @@ def test_guard_falls_back_from_a_draft_that_never_agrees_and_output_stays_the_ta
     assert result.stats.speculative_iterations <= WARMUP_ITERATIONS + PATIENCE + TRIAL_ITERATIONS
 
 
-def _feed(guard: Guard, stats: Stats, produced: int, accepted: int, drafted: int = 3) -> int:
-    """One iteration as the loop runs it: ask the guard, then record a verify pass or a plain step."""
-    if guard.drafting(produced):
-        stats.record_verify(drafted, accepted)
-        guard.observe(drafted, accepted, 0.0, produced + accepted + 1)
-        return produced + accepted + 1
-    stats.steps_timed += 1
-    return produced + 1
-
-
-def test_guard_retries_after_a_fallback_with_a_growing_wait_and_resumes_when_the_draft_agrees_again():
-    stats = Stats()
-    guard = Guard(stats, max_k=6, min_acceptance=0.0, costs=(0.05, 1.05))  # clock-free costs
-    produced = 0
-    while stats.fallback is None:
-        produced = _feed(guard, stats, produced, accepted=0)
-    fell_back_at = produced
-    assert stats.speculative_iterations == WARMUP_ITERATIONS + PATIENCE - 1
-    # Plain decoding for RETRY_AFTER tokens, a trial of TRIAL_ITERATIONS that fails, twice the wait, ...
-    waits, plain_run, iterations = [], 0, stats.speculative_iterations
-    while len(waits) < 3:
-        before = stats.speculative_iterations
-        produced = _feed(guard, stats, produced, accepted=0)
-        if stats.speculative_iterations == before:
-            plain_run += 1
-        elif plain_run:
-            waits.append(plain_run)
-            plain_run = 0
-    assert waits == [RETRY_AFTER, 2 * RETRY_AFTER, 4 * RETRY_AFTER]
-    assert stats.speculative_iterations - iterations == 2 * TRIAL_ITERATIONS + 1
-    assert stats.fallback == {"at_token": fell_back_at, "reason": stats.fallback["reason"], "retries": 3, "resumed": 0}
-    # The draft agrees again: the running trial resumes speculation, which then continues.
-    while stats.fallback["resumed"] == 0:
-        produced = _feed(guard, stats, produced, accepted=3)
-    assert stats.fallback["retries"] == 3
-    iterations = stats.speculative_iterations
-    for _ in range(40):
-        produced = _feed(guard, stats, produced, accepted=3)
-    assert stats.speculative_iterations - iterations >= 38  # drafting, but for the occasional timed probe
-
-
-def test_guard_drafts_shorter_instead_of_falling_back_where_a_verify_pass_grows_with_its_length():
-    # bf16 on an AVX2-only CPU: a verify pass over k drafts costs about 1 + 0.5 k single steps. With 2 of 4
-    # drafts accepted, 4-token drafts lose (0.82x predicted, 0.95x realized) but 1-token drafts pay (1.08x).
-    stats, step, produced = Stats(), 0.010, 0
-    guard = Guard(stats, max_k=8, min_acceptance=0.0, costs=None)  # timed costs, as bundle run judges
-    while stats.speculative_iterations < WARMUP_ITERATIONS + PATIENCE:
-        if not guard.drafting(produced):  # a timed plain step (a probe)
-            stats.step_time_s, stats.steps_timed, produced = stats.step_time_s + step, stats.steps_timed + 1, produced + 1
-            continue
-        k = min(4, guard.k_cap)
-        accepted = min(2, k)
-        verify_s, draft_s = step * (1 + 0.5 * k), k * 0.04 * step
-        stats.record_verify(k, accepted)
-        stats.draft_time_s, stats.draft_steps_timed = stats.draft_time_s + draft_s, stats.draft_steps_timed + k
-        stats.verify_time_s, stats.verifies_timed = stats.verify_time_s + verify_s, stats.verifies_timed + 1
-        stats.verify_time_by_k[k] = stats.verify_time_by_k.get(k, 0.0) + verify_s
-        stats.verifies_by_k[k] = stats.verifies_by_k.get(k, 0) + 1
-        produced += accepted + 1
-        guard.observe(k, accepted, verify_s + draft_s, produced)
-    assert stats.verify_slope == pytest.approx(0.5)
-    assert guard.k_cap == 1 and stats.fallback is None
-
-
-def _timed_iteration(guard: Guard, stats: Stats, produced: int, step: float, k: int, accepted: int, verify_steps: float) -> int:
-    """One iteration with a clock: a timed plain step when the guard says so, else a timed verify pass."""
-    if not guard.drafting(produced):
-        stats.step_time_s, stats.steps_timed = stats.step_time_s + step, stats.steps_timed + 1
-        return produced + 1
-    seconds = step * (verify_steps + 0.05 * k)
-    stats.record_verify(k, accepted)
-    stats.verify_time_s, stats.verifies_timed = stats.verify_time_s + step * verify_steps, stats.verifies_timed + 1
-    stats.spec_time_s, stats.spec_tokens = stats.spec_time_s + seconds, stats.spec_tokens + accepted + 1
-    guard.observe(k, accepted, seconds, produced + accepted + 1)
-    return produced + accepted + 1
-
-
-def test_what_a_useless_draft_costs_stays_within_the_guards_budget():
-    # A verify pass of 3 drafts costs 2.5 steps and yields 1 token: each iteration loses 1.65 steps.
-    stats, step, produced, guard = Stats(), 0.010, 0, None
-    guard = Guard(stats, max_k=6, min_acceptance=0.0, costs=None)
-    while produced < 256:
-        produced = _timed_iteration(guard, stats, produced, step, k=3, accepted=0, verify_steps=2.5)
-    assert stats.fallback is not None and stats.fallback["reason"].startswith("speculation cost")
-    assert stats.fallback["at_token"] < 8  # within a few iterations, not after the warm-up and patience
-    assert stats.fallback["retries"] == 0  # no trial: the budget has no room for another losing iteration yet
-    lost = guard.lost_steps()
-    assert lost <= LOSS_FLOOR + LOSS_BUDGET * produced + 1.65  # at most one iteration past the budget
-    # over 256 tokens: the first (uncounted) iteration plus the rest, under 3% of plain decoding's time
-    assert (lost + 1.65) / produced < 0.03
-
-
-def test_no_iteration_starts_that_the_budget_has_no_room_for():
-    # One-token drafts, always rejected, each iteration losing 0.6 steps: after the first, a second would
-    # take the loss to 1.2 steps, past the floor, so the guard falls back before it rather than after.
-    stats, step, produced = Stats(), 0.010, 0
-    guard = Guard(stats, max_k=6, min_acceptance=0.0, costs=None)
-    while produced < 32:  # (a trial fits the budget from about token 40: 1.2 <= 1 + 0.5% of the tokens)
-        produced = _timed_iteration(guard, stats, produced, step, k=1, accepted=0, verify_steps=1.55)
-    assert stats.fallback is not None and "another iteration would pass the budget" in stats.fallback["reason"]
-    assert stats.speculative_iterations == 1
-    assert guard.lost_steps() == pytest.approx(0.6) and guard.lost_steps() <= LOSS_FLOOR
-
-
 def test_best_predicted_speedup_with_a_verify_cost_that_grows_with_the_draft():
     # a = 2/3, c = 0.04: k = 4 with v = 3 predicts 0.82x, k = 1 with v = 1.5 predicts 1.08x
     speedup, k = best_predicted_speedup(2 / 3, 0.04, 3.0, 8, verify_slope=0.5)
@@ -406,44 +294,15 @@ def test_sampled_tokens_follow_the_target_distribution_with_ngram_proposals():
         assert total_variation(counts[position], exact) < 0.08, position
 
 
-def test_a_steps_plan_is_a_value_saying_who_proposes_what():
-    from runner.decoding.ngram import NgramProposer
-    from runner.decoding.step import Plan, SequenceState, Step
+def test_the_settings_pass_as_one_value_and_a_keyword_overrides_one_field(target, drafts):
+    from runner.decoding.settings import DRIVER_DEFAULTS, DecodingSettings
 
-    sampler = Sampler(0.0, 1.0, None, torch.device("cpu"), vocab_size=V)
-    proposer = NgramProposer(2, 3)
-    proposer.extend([5, 6, 7, 8, 5, 6])
-    step = Step(None, None, adaptive=True, draft_confidence=0.0, eos=set(), ngram_tokens=3)
-    looked_up = SequenceState(seq=2, sampler=sampler, max_new_tokens=10, k=2, max_k=4, methods=("ngram",), proposer=proposer)
-    assert step.plan(looked_up) == Plan(2, "ngram", 3, (7, 8, 5))
-    assert step.plan(SequenceState(seq=2, sampler=sampler, max_new_tokens=10, k=2, max_k=4)) == Plan(2)  # no method: plain
-    proposer.extend([1, 2])  # (1, 2) never occurred before: no match, a plain step
-    assert step.plan(looked_up) == Plan(2)
-
-
-def test_the_guard_chooses_among_the_allowed_methods_by_measured_acceptance_and_cost():
-    """Clock-free costs (a draft step 0.3 target steps, a verify pass one): each kind is tried first; then a
-    draft model that is rarely right loses to prompt lookup, and one that is mostly right wins where the
-    lookup seldom matches. A pair without a draft model can run the lookup alone."""
-    from runner.decoding.guard import TRY_EACH, Guard
-    from runner.decoding.stats import Stats
-    from runner.decoding.step import allowed_methods
-
-    def guard(draft_accepts: int, ngram_accepts: int, matches: float) -> Guard:
-        stats = Stats()
-        g = Guard(stats, 8, 0.0, costs=(0.3, 1.0))
-        assert g.method(("draft", "ngram")) == "draft"  # untried: the first allowed
-        for kind, accepts in (("draft", draft_accepts), ("ngram", ngram_accepts)):
-            for _ in range(TRY_EACH + 2):
-                stats.record_iteration(4, accepts, 0.0, 0.0, catch_up=False, method=kind)
-                g.observe(4, accepts, 0.0, 10, kind)
-        for i in range(20):
-            g.looked_up(i % 10 < 10 * matches)
-        return g
-
-    everything = ("ngram+draft", "draft", "ngram")
-    assert guard(draft_accepts=0, ngram_accepts=4, matches=0.5).method(everything) == "ngram"
-    assert guard(draft_accepts=4, ngram_accepts=4, matches=0.5).method(everything) == "ngram+draft"
-    assert guard(draft_accepts=3, ngram_accepts=0, matches=0.9).method(("draft", "ngram")) == "draft"
-    assert allowed_methods(everything, has_draft=False) == ("ngram",)
-    assert allowed_methods(("draft",), has_draft=False) == ()
+    prompt = prompts(2)[1]
+    settings = DecodingSettings(draft_tokens=2, methods=("ngram+draft",), guard=False)
+    as_value = generate_speculative(target, drafts["layer-skip"], prompt, 24, settings=settings)
+    as_keywords = generate_speculative(target, drafts["layer-skip"], prompt, 24, draft_tokens=2, methods=("ngram+draft",),
+                                       guard=False)
+    assert as_value.tokens == as_keywords.tokens and as_value.stats.by_method == as_keywords.stats.by_method
+    assert DRIVER_DEFAULTS.methods == ("draft",) and DRIVER_DEFAULTS.updated(draft_tokens=3).draft_tokens == 3
+    with pytest.raises(TypeError):
+        generate_speculative(target, drafts["layer-skip"], prompt, 4, draft_tokenz=3)

@@ -31,6 +31,7 @@ from bundler.serve.settings import BatchSettings
 from bundler.serve.worker import Requests
 from runner.checks.memory import size_serving
 from runner.decoding.batching import BatchedGenerator, Sequence
+from runner.decoding.policy import is_seeded
 from runner.decoding.run_history import RunHistory
 
 
@@ -49,8 +50,8 @@ class BatchWorker:
         try:
             self.generator = BatchedGenerator(
                 pair.target, pair.draft if batch.speculate else None, sequences=sized.sequences, n_ctx_seq=pair.context_tokens,
-                **{**pair.settings.loop_args(), **({} if batch.speculate else {"methods": ()})},  # --no-draft: plain
-                eos_ids=pair.eos_ids, vocab_size=pair.vocab_size, cache_prompts=True,
+                settings=pair.settings if batch.speculate else pair.settings.without_proposals(),  # --no-draft: plain
+                prior=pair.prior, eos_ids=pair.eos_ids, vocab_size=pair.vocab_size, cache_prompts=True,
                 prompt_cache_bytes=sized.prompt_cache_bytes, before_pass=self.outbox.send,
             )
         except RuntimeError as exc:  # llama.cpp could not allocate the contexts
@@ -113,7 +114,7 @@ class BatchWorker:
 
     def _admit(self, job: Job) -> None:
         requests, metrics = self.requests, self.requests.metrics
-        seeded = job.seed is not None and job.temperature > 0.0
+        seeded = is_seeded(job.temperature, job.seed)
         advice = self.history.advice(seeded) if requests.pair.settings.guard else None
         job.outbox = self.outbox
         stream = requests.admit(job)
@@ -132,7 +133,7 @@ class BatchWorker:
         positions = {"drafted": list(s.stats.drafted_at), "accepted": list(s.stats.accepted_at)}
         status = self.requests.finish(job, stream, s.tokens, stats, positions)
         if status != "cancelled":
-            self.history.record(stats, advised=advised, seeded=job.seed is not None and job.temperature > 0.0)
+            self.history.record(stats, advised=advised, seeded=is_seeded(job.temperature, job.seed))
 
     def _fail(self, exc: Exception) -> None:
         for job, _, s, _ in self.live_jobs.values():

@@ -180,7 +180,7 @@ def bench_gguf(
     theirs = llamacpp.open_llama(gguf_model.gguf_files(dirs["target"])[0], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
                                  n_threads=threads, n_threads_batch=threads, logits_all=False)
 
-    methods = _methods(target, draft, theirs, settings, eos, max_new_tokens, k, history)
+    methods = _methods(target, draft, theirs, settings, eos, max_new_tokens, k, history, pair.prior)
     say("warming up")
     for engine in (target, draft):
         generate_plain(engine, ids[0], 8, eos_ids=eos)
@@ -214,12 +214,12 @@ def _plain(engine, eos: set[int], max_new_tokens: int) -> Callable[[list[int]], 
 
 
 def _methods(target, draft, theirs, settings: DecodingSettings, eos: set[int], max_new_tokens: int, k: int,
-             history) -> dict[str, Callable[[list[int]], tuple[list[int], Any]]]:
+             history, prior: str | None = None) -> dict[str, Callable[[list[int]], tuple[list[int], Any]]]:
     """Every method bench times, by name: our plain decoding, llama-cpp-python's, ours."""
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
         r = with_history(history, settings.guard, 0.0, None, lambda advice: generate_speculative(
-            target, draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, start_plain=advice))
+            target, draft, x, max_new_tokens, settings=settings, eos_ids=eos, start_plain=advice, prior=prior))
         return r.tokens, r.stats
 
     return {"target_only": _plain(target, eos, max_new_tokens), "llama_cpp_python": _their_generate(theirs, eos, max_new_tokens),

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from runner.decoding.settings import longest_draft
 from runner.decoding.stats import best_predicted_speedup, predicted_speedup
 
 
@@ -158,5 +159,5 @@ def speculation_figures(runs: Mapping[str, Run], k: int) -> dict[str, Any]:
         "theoretical_speedup": round(theoretical, 3),
         "theoretical_speedup_speculating": round(per_iteration, 3),
         "speculative_share": round(spec_tokens / max(runs["bundle"].new_tokens, 1), 3),
-        "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, 2 * k), 3),
+        "break_even_acceptance": round(break_even_acceptance(cost, verify_ratio, longest_draft(k)), 3),
     }

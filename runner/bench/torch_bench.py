@@ -250,7 +250,7 @@ def _methods(models: _Models, settings: DecodingSettings, eos: set[int], vocab: 
 
     def ours(x: list[int]) -> tuple[list[int], Any]:  # as `bundle run` runs: the run history's advice included
         r = with_history(history, settings.guard, 0.0, None, lambda advice: generate_speculative(
-            models.fast_target, models.draft, x, max_new_tokens, **settings.loop_args(), eos_ids=eos, vocab_size=vocab, start_plain=advice))
+            models.fast_target, models.draft, x, max_new_tokens, settings=settings, eos_ids=eos, vocab_size=vocab, start_plain=advice))
         return r.tokens, r.stats
 
     target, plain_draft = models.target, models.plain_draft

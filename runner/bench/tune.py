@@ -107,10 +107,10 @@ def _generator(target, drafts: Mapping[str, Any], base: DecodingSettings, settin
 
     if setting.method == PLAIN:
         return lambda ids: (lambda r: (r.tokens, r.stats))(generate_plain(target, ids, max_new_tokens, eos_ids=eos, vocab_size=vocab))
-    kwargs = _loop_settings(base, setting).loop_args()
+    settings = _loop_settings(base, setting)
     draft = drafts[setting.draft] if "draft" in setting.method else None  # prompt lookup alone runs no draft model
     return lambda ids: (lambda r: (r.tokens, r.stats))(generate_speculative(
-        target, draft, ids, max_new_tokens, **kwargs, eos_ids=eos, vocab_size=vocab))
+        target, draft, ids, max_new_tokens, settings=settings, eos_ids=eos, vocab_size=vocab))
 
 
 def _row(setting: Setting, run: Run) -> Row:

@@ -4,7 +4,8 @@ verify), plus a chunk of a joining sequence's prompt. Each engine builds its con
 (runner.engines.BatchContext: llama.cpp's SharedContext, the compact torch forward's TorchSharedContext).
 
 The step is runner.decoding.step's, the one `generate_speculative` runs for a single sequence: each sequence
-keeps its own sampler, draft length, statistics and guard (runner.decoding.guard.Guard); the guard judges with
+keeps its own sampler, draft length, statistics and policy (runner.decoding.policy, built by the one call
+`generate_speculative` makes too: Policy.for_sequence); its guard judges with
 the costs of the batched passes actually run, each pass's time shared among its sequences by the tokens each
 put in it. So a sequence's speculation pays only when its drafted tokens cost less, inside the batch, than the
 tokens they save: with many sequences in a batch a token's share approaches its full cost and the guards
@@ -26,15 +27,17 @@ __all__ = ["BatchedGenerator", "Sequence", "batchable", "default_sequences", "sh
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from runner.decoding.guard import Guard, parameter_costs, pass_memory
-from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS, NgramProposer
+from runner.decoding.ngram import NgramProposer
+from runner.decoding.policy import PairFacts, Policy, is_seeded
 from runner.decoding.prompt_cache import CacheEntry, PromptCache
 from runner.decoding.sampling import Sampler
-from runner.decoding.settings import cache_tokens
-from runner.decoding.step import SequenceState, Step, allowed_methods
+from runner.decoding.settings import DRIVER_DEFAULTS, DecodingSettings, cache_tokens
+from runner.decoding.stats import Stats
+from runner.decoding.step import SequenceState, Step, Verdict
 from runner.engines import BatchContext, as_engine
 from runner.engines.cells import Row
 
@@ -82,26 +85,22 @@ class BatchedGenerator:
     cache_prompts: a finished sequence's cells stay as a prefix the next request may reuse (see the module);
     prompt_cache_bytes: with cache_prompts, host memory for copies of cells an id is about to lose (0: none).
     before_pass: called right before each step's first pass (a server hands its clients their tokens there, while
-    the pass runs without the GIL).
-    The other settings are generate_speculative's, for every sequence alike.
+    the pass runs without the GIL). prior: the cost table's reason the draft model cannot pay
+    (runner.pair.LoadedPair.prior). settings (and keywords overriding its fields) as generate_speculative's, for
+    every sequence alike.
     """
 
-    def __init__(self, target, draft, *, sequences: int, n_ctx_seq: int,
-                 draft_tokens: int = 5, adaptive: bool = True, draft_confidence: float = 0.0,
-                 eos_ids: Iterable[int] = (), min_acceptance: float = 0.0, guard: bool = True,
-                 vocab_size: int | None = None, cache_prompts: bool = False, prompt_cache_bytes: int = 0,
-                 before_pass: Callable[[], None] | None = None, methods: tuple[str, ...] = ("draft",),
-                 ngram_min: int = DEFAULT_MIN_N, ngram_max: int = DEFAULT_MAX_N, ngram_tokens: int = DEFAULT_NGRAM_TOKENS) -> None:
+    def __init__(self, target, draft, *, sequences: int, n_ctx_seq: int, settings: DecodingSettings | None = None,
+                 eos_ids: Iterable[int] = (), vocab_size: int | None = None, cache_prompts: bool = False,
+                 prompt_cache_bytes: int = 0, before_pass: Callable[[], None] | None = None, prior: str | None = None,
+                 **fields: Any) -> None:
         self.target = shared_context(target, sequences, n_ctx_seq)
         self.draft = shared_context(draft, sequences, n_ctx_seq) if draft is not None else None
         sizes = [self.target.vocab_size] + ([self.draft.vocab_size] if self.draft is not None else [])
         self.vocab_size = vocab_size or min(sizes)
-        self.costs = parameter_costs(target, draft)
-        self.memory = pass_memory(target)  # what earlier generations on this target learned (runner.decoding.guard)
-        self.draft_tokens, self.min_acceptance, self.use_guard = max(draft_tokens, 1), min_acceptance, guard
-        self.methods, self.ngram = allowed_methods(methods, draft is not None), (ngram_min, ngram_max)
-        self.stepper = Step(self.target, self.draft, adaptive=adaptive, draft_confidence=draft_confidence,
-                            eos=set(eos_ids), ngram_tokens=ngram_tokens)
+        self.settings = (settings or DRIVER_DEFAULTS).updated(**fields)  # every sequence's alike
+        self.pair = PairFacts(target, draft, prior)  # what every sequence's policy knows of the pair
+        self.stepper = Step(self.target, self.draft, draft_confidence=self.settings.draft_confidence, eos=set(eos_ids))
         self.slots: list[Sequence | None] = [None] * sequences
         self.cache_prompts, self.before_pass = cache_prompts, before_pass
         self.prompt_cache = PromptCache(prompt_cache_bytes) if cache_prompts and prompt_cache_bytes > 0 else None
@@ -122,15 +121,20 @@ class BatchedGenerator:
         """A generation joins at the next step (its prompt is prefilled in chunks among the others' tokens)."""
         if not prompt_ids:
             raise ValueError("the prompt has no tokens")
-        room = cache_tokens(len(prompt_ids), max_new_tokens, self.draft_tokens, self.stepper.ngram_tokens if any(m != "draft" for m in self.methods) else 0)
+        stats, settings = Stats(), self.settings
+        policy = Policy.for_sequence(settings, stats, self.pair, seeded=is_seeded(temperature, seed), advice=start_plain)
+        room = cache_tokens(len(prompt_ids), max_new_tokens, settings.draft_tokens, settings.ngram_tokens if policy.looks_up else 0)
         if room > self.target.n_ctx_seq:
             raise ValueError(f"{room} tokens exceed a sequence's context ({self.target.n_ctx_seq})")
         seq = self._seat(prompt_ids)
         if self.prompt_cache is not None:
             self._recall(seq, prompt_ids)
         sampler = Sampler(temperature, top_p, seed, torch.device("cpu"), self.vocab_size)
-        s = self._sequence(seq, list(prompt_ids), max_new_tokens, sampler, on_tokens, start_plain,
-                           seeded=seed is not None and not sampler.greedy)
+        s = Sequence(seq=seq, prompt=list(prompt_ids), max_new_tokens=max_new_tokens, sampler=sampler, on_tokens=on_tokens,
+                     k=max(settings.draft_tokens, 1), policy=policy, stats=stats)
+        if policy.looks_up:  # the sequence's n-gram index of its prompt and the tokens so far
+            s.proposer = NgramProposer(settings.ngram_min, settings.ngram_max)
+            s.proposer.extend(s.prompt)
         # What the id's cells hold of the prompt stays (nothing without cache_prompts); the target runs at least
         # the prompt's last token, for the logits of the first new one.
         s.prefilled = s.cached = min(self.target.common_prefix(seq, s.prompt), len(s.prompt) - 1)
@@ -141,22 +145,6 @@ class BatchedGenerator:
         self.slots[seq] = s
         if max_new_tokens <= 0:
             self._leave(s)
-        return s
-
-    def _sequence(self, seq: int, prompt: list[int], max_new_tokens: int, sampler: Sampler,
-                  on_tokens: Callable[[list[int]], bool | None] | None, start_plain: str | None, seeded: bool) -> Sequence:
-        """A new sequence's loop state: its own sampler, guard and n-gram index."""
-        s = Sequence(seq=seq, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler, on_tokens=on_tokens,
-                     k=self.draft_tokens, max_k=2 * self.draft_tokens, methods=self.methods)
-        # A seeded sample must not depend on the clock (nor on the batch): its guard decides on a cost model.
-        costs = self.costs if seeded else None
-        if self.use_guard and self.methods:
-            s.guard = Guard(s.stats, 2 * self.draft_tokens, self.min_acceptance, costs, self.memory, self.methods)
-            if start_plain:
-                s.guard.start_plain(start_plain)
-        if any(m != "draft" for m in self.methods):
-            s.proposer = NgramProposer(*self.ngram)
-            s.proposer.extend(prompt)
         return s
 
     def _seat(self, prompt: list[int]) -> int:
@@ -237,14 +225,14 @@ class BatchedGenerator:
                 room -= len(chunks[-1][1])
             return [(s.seq, chunk, False) for s, chunk in chunks]
 
-        stepped, prefill_logits, _ = self.stepper.run(decoding, fill, self.before_pass)
-        if not stepped and not chunks:
+        result = self.stepper.run(decoding, fill, self.before_pass)
+        if not result.verdicts and not chunks:
             return []
         self.batch_sizes.append(len(decoding) + len(chunks))
-        finished = [s for s, (new, observed) in zip(decoding, stepped) if self._emit(s, new, observed)]
-        for (s, chunk), out in zip(chunks, prefill_logits):
+        finished = [s for s, verdict in zip(decoding, result.verdicts) if self._emit(s, verdict)]
+        for (s, chunk), out in zip(chunks, result.filled_logits):
             new = self._prefilled(s, chunk, out)
-            if new is not None and self._emit(s, new, None):
+            if new is not None and self._emit(s, Verdict(new, None)):
                 finished.append(s)
         return finished
 
@@ -258,11 +246,11 @@ class BatchedGenerator:
         s.last, s.behind = token, [*s.prompt[s.draft_cached :], token]
         return [token]
 
-    def _emit(self, s: Sequence, new: list[int], observed: tuple | None) -> bool:
+    def _emit(self, s: Sequence, verdict: Verdict) -> bool:
         """Hands a sequence its new tokens; it leaves when done or when its caller asks to stop."""
         if s.first_token_at is None:
             s.first_token_at = time.perf_counter()
-        done = self.stepper.finish(s, new, observed)
+        done = self.stepper.finish(s, verdict)
         if done:
             self._leave(s)
         return done

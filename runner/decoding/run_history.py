@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.decoding.policy import is_seeded
+
 UNPAID_RUNS = 3  # runs in a row in which the draft did not pay, before runs start plain
 EXPLORE_EVERY = 8  # then every this many runs speculates as usual; twice as rarely after each one that did not pay
 EXPLORE_MAX = 64  # but at least every this many runs
@@ -88,7 +90,7 @@ def with_history(history: RunHistory | None, guard: bool, temperature: float, se
                  run: Callable[[str | None], Any]) -> Any:
     """One run under the history: `run(start_plain)` gets the advice (None: speculate as usual; always None
     without a history or without the guard) and returns a GenerationResult, whose stats are then recorded."""
-    seeded = seed is not None and temperature > 0.0
+    seeded = is_seeded(temperature, seed)
     if history is None or not guard:
         return run(None)
     advice = history.advice(seeded)

@@ -4,27 +4,22 @@ caches with it before torch is imported."""
 
 from __future__ import annotations
 
-__all__ = ["ALL_METHODS", "DRAFT_FREE_METHODS", "DecodingSettings", "cache_tokens", "default_methods", "draft_length", "thread_count"]
+__all__ = ["DRIVER_DEFAULTS", "DecodingSettings", "cache_tokens", "draft_length", "longest_draft", "thread_count"]
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.checks.cpus import usable_cpus
+from runner.decoding.methods import ALL_METHODS, DRAFT, default_methods
 from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS
 
 DEFAULT_DRAFT_TOKENS = 5  # k when neither the command line nor the bundle names one
-# How a step proposes: the bundle's draft model, prompt lookup (runner.decoding.ngram), or prompt lookup
-# first with the draft model where it finds no match. Plain decoding is always the guard's fallback.
-ALL_METHODS = ("ngram+draft", "draft", "ngram")
-DRAFT_FREE_METHODS = ("ngram",)
-# Fields the proposers read (the loop takes them with the others: loop_args).
-PROPOSER_FIELDS = ("methods", "ngram_min", "ngram_max", "ngram_tokens")
 
 
-def default_methods(has_draft: bool) -> tuple[str, ...]:
-    """Every method a bundle's parts allow: all three with a draft model, prompt lookup alone without."""
-    return ALL_METHODS if has_draft else DRAFT_FREE_METHODS
+def longest_draft(draft_tokens: int) -> int:
+    """max k: adaptive drafts grow to twice the first draft length (written here once)."""
+    return 2 * max(draft_tokens, 1)
 
 
 def draft_length(params: Mapping[str, Any], override: int | None = None) -> int:
@@ -42,12 +37,12 @@ def cache_tokens(prompt_tokens: int, max_new_tokens: int, draft_tokens: int, ngr
     look-ahead of a verify pass, which writes the last kept token and up to 2 * draft_tokens drafts (adaptive
     drafts grow to twice draft_tokens), or ngram_tokens of a prompt lookup, in one call before the rejected ones
     are cropped: k + 1 positions."""
-    return prompt_tokens + max_new_tokens + max(2 * max(draft_tokens, 1), ngram_tokens) + 1
+    return prompt_tokens + max_new_tokens + max(longest_draft(draft_tokens), ngram_tokens) + 1
 
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    """The decoding loop's settings from the Kitfile's model.parameters["speculative"]: the keyword arguments
+    """The decoding loop's settings from the Kitfile's model.parameters["speculative"], the one value
     runner.decoding.speculative.generate_speculative and runner.decoding.batching.BatchedGenerator take."""
 
     draft_tokens: int = DEFAULT_DRAFT_TOKENS
@@ -55,7 +50,7 @@ class DecodingSettings:
     draft_confidence: float = 0.0  # a draft stops early below this probability of its whole proposal
     min_acceptance: float = 0.0  # the guard falls back below this per-token acceptance
     guard: bool = True  # fall back to plain decoding when the draft does not pay
-    methods: tuple[str, ...] = ALL_METHODS  # the proposers the guard may choose among, per sequence
+    methods: tuple[str, ...] = ALL_METHODS  # the methods' names (runner.decoding.methods) the policy may choose among
     ngram_min: int = DEFAULT_MIN_N  # prompt lookup matches suffixes of ngram_min..ngram_max tokens
     ngram_max: int = DEFAULT_MAX_N
     ngram_tokens: int = DEFAULT_NGRAM_TOKENS  # k of a prompt-lookup proposal
@@ -79,10 +74,23 @@ class DecodingSettings:
             ngram_tokens=int(ngram.get("draft_tokens") or DEFAULT_NGRAM_TOKENS),
         )
 
-    def loop_args(self) -> dict[str, Any]:
-        """The settings as keyword arguments of the decoding loop, the proposers' fields included."""
-        return asdict(self)
+    @property
+    def max_k(self) -> int:
+        """The longest draft (runner.decoding.settings.longest_draft)."""
+        return longest_draft(self.draft_tokens)
 
-    def proposer_args(self) -> dict[str, Any]:
-        """The methods the guard may choose among and the prompt-lookup proposer's settings."""
-        return {name: getattr(self, name) for name in PROPOSER_FIELDS}
+    def updated(self, **fields: Any) -> DecodingSettings:
+        """These settings with some fields replaced (a driver's keyword arguments: draft_tokens=4, guard=False);
+        TypeError for a name that is not a field."""
+        if "methods" in fields:
+            fields["methods"] = tuple(fields["methods"])
+        return replace(self, **fields)
+
+    def without_proposals(self) -> DecodingSettings:
+        """These settings with no proposing method: plain decoding (serve --no-draft)."""
+        return replace(self, methods=())
+
+
+# What the drivers (generate_speculative, BatchedGenerator) decode with when given no settings: the draft model
+# alone; a bundle's settings come from its Kitfile (DecodingSettings.from_params: every method its parts allow).
+DRIVER_DEFAULTS = DecodingSettings(methods=(DRAFT.name,))

@@ -1,8 +1,8 @@
-"""Speculative decoding of one sequence over an engine pair (runner.engines: torch or llama.cpp), lossless, with a guard.
+"""Speculative decoding of one sequence over an engine pair (runner.engines: torch or llama.cpp), lossless, with a policy.
 
-`generate_speculative` runs runner.decoding.step's one step over a single sequence: per step the guard says
-whether to propose; the draft model (or an n-gram of the text so far, runner.decoding.ngram) proposes up to k
-tokens, the target scores all of them in one pass, the longest agreeing prefix is kept plus one token of the
+`generate_speculative` runs runner.decoding.step's one step over a single sequence: per step its policy
+(runner.decoding.policy) says whether to propose and how; the draft model (or an n-gram of the text so far,
+runner.decoding.ngram) proposes up to k tokens, the target scores all of them in one pass, the longest agreeing prefix is kept plus one token of the
 target's own, and both caches are cropped back to what was kept. Greedy output is the target's greedy output
 token for token; sampled output follows the target's distribution exactly (runner.decoding.sampling).
 `generate_plain` is the reference it must match: the target alone, one token per pass.
@@ -15,15 +15,16 @@ __all__ = ["GenerationResult", "generate_plain", "generate_speculative"]
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from runner.decoding.guard import Guard, parameter_costs, pass_memory
-from runner.decoding.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, DEFAULT_NGRAM_TOKENS, NgramProposer
+from runner.decoding.ngram import NgramProposer
+from runner.decoding.policy import PairFacts, Policy, is_seeded
 from runner.decoding.sampling import Sampler
-from runner.decoding.settings import cache_tokens
+from runner.decoding.settings import DRIVER_DEFAULTS, DecodingSettings, cache_tokens
 from runner.decoding.stats import Stats
-from runner.decoding.step import EngineRows, SequenceState, Step, allowed_methods, finish_tokens
+from runner.decoding.step import EngineRows, SequenceState, Step, finish_tokens
 from runner.engines import Engine, as_engine
 
 
@@ -100,57 +101,47 @@ def generate_speculative(
     input_ids,
     max_new_tokens: int,
     *,
-    draft_tokens: int = 5,
-    adaptive: bool = True,
-    draft_confidence: float = 0.0,
+    settings: DecodingSettings | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
     eos_ids: Iterable[int] = (),
-    min_acceptance: float = 0.0,
-    guard: bool = True,
     vocab_size: int | None = None,
     on_tokens: Callable[[list[int]], bool | None] | None = None,
     start_plain: str | None = None,
-    methods: tuple[str, ...] = ("draft",),
-    ngram_min: int = DEFAULT_MIN_N,
-    ngram_max: int = DEFAULT_MAX_N,
-    ngram_tokens: int = DEFAULT_NGRAM_TOKENS,
+    prior: str | None = None,
+    **fields: Any,
 ) -> GenerationResult:
     """Speculative decoding of `target` with `draft`; the output is distributed exactly as the target's.
 
-    draft_tokens: the first draft length k (adaptive: kept within 1..2*draft_tokens). draft_confidence:
-    the draft stops early once its probability of the whole proposal falls below this. guard: after a
-    warm-up, fall back to plain decoding when the predicted speed-up stays below 1 (or the per-token
-    acceptance below `min_acceptance`), with trials of speculation now and then (runner.decoding.guard);
-    the first fallback is recorded in stats.fallback. vocab_size: compare the models on ids below it (default:
-    the smaller embedding). on_tokens receives each batch of new tokens; returning True from it stops the
-    generation after that batch. start_plain: a reason to leave the draft model out from the first token
-    (runner.decoding.run_history: the draft did not pay in the last runs): prompt lookup alone where methods
-    allow it (stats.model_dropped), else plain decoding with no trial (stats.fallback); ignored without the
-    guard. methods: how tokens are proposed (runner.decoding.step.METHODS; "ngram" needs no draft: draft may be
-    None); ngram_min, ngram_max, ngram_tokens: the n-gram sizes looked up and the longest proposal.
+    settings: the decoding settings as one value (runner.decoding.settings.DecodingSettings; default
+    DRIVER_DEFAULTS, the draft model alone), any of whose fields a keyword overrides (draft_tokens=4,
+    guard=False, methods=("ngram",)). They and what is known of the pair decide through the sequence's policy (runner.decoding.policy.Policy.for_sequence, the
+    one call `bundle serve`'s batch makes too): draft_tokens is the first draft length k (adaptive: kept
+    within 1..2*draft_tokens); draft_confidence stops a draft early once its probability of the whole proposal
+    falls below it; guard: fall back to plain decoding when speculation does not pay (stats.fallback);
+    methods: how tokens are proposed (runner.decoding.methods; "ngram" needs no draft: draft may be None).
+    start_plain: the run history's advice, a reason to leave the draft model out from the first token;
+    prior: the cost table's reason the draft model cannot pay (runner.pair.LoadedPair.prior). vocab_size:
+    compare the models on ids below it (default: the smaller embedding). on_tokens receives each batch of new
+    tokens; returning True from it stops the generation after that batch.
     target, draft: engines (runner.engines) or torch models (run on the torch engine).
     """
-    memory = pass_memory(target) if guard else None  # the model's, kept across calls (as_engine wraps anew)
+    settings = (settings or DRIVER_DEFAULTS).updated(**fields)
+    pair = PairFacts(target, draft, prior)  # the models as given: the process's memory is kept per that object
     target, draft = as_engine(target), as_engine(draft) if draft is not None else None
     engines = [target] + ([draft] if draft is not None else [])
     ids = _as_ids(input_ids, target.device)
     sampler = Sampler(temperature, top_p, seed, target.device, _vocab_size(engines, vocab_size))
-    stats, k = Stats(), max(draft_tokens, 1)
-    # A seeded sample must not depend on the clock: when to fall back is then decided without timings.
-    costs = parameter_costs(target, draft) if seed is not None and not sampler.greedy else None
-    methods = allowed_methods(methods, draft is not None)
-    judge = Guard(stats, 2 * k, min_acceptance, costs, memory, methods) if guard else None
-    if judge and start_plain:
-        judge.start_plain(start_plain)
-    proposer = NgramProposer(ngram_min, ngram_max) if any(m != "draft" for m in methods) else None
-    s = SequenceState(seq=0, sampler=sampler, max_new_tokens=max_new_tokens, k=k, max_k=2 * k, methods=methods,
-                      guard=judge, proposer=proposer, on_tokens=on_tokens, stats=stats)
-    step = Step(EngineRows(target), EngineRows(draft) if draft is not None else None, adaptive=adaptive,
-                draft_confidence=draft_confidence, eos=set(eos_ids), ngram_tokens=ngram_tokens)
+    stats = Stats()
+    policy = Policy.for_sequence(settings, stats, pair, seeded=is_seeded(temperature, seed), advice=start_plain)
+    proposer = NgramProposer(settings.ngram_min, settings.ngram_max) if policy.looks_up else None
+    s = SequenceState(seq=0, sampler=sampler, max_new_tokens=max_new_tokens, k=max(settings.draft_tokens, 1),
+                      policy=policy, proposer=proposer, on_tokens=on_tokens, stats=stats)
+    step = Step(EngineRows(target), EngineRows(draft) if draft is not None else None,
+                draft_confidence=settings.draft_confidence, eos=set(eos_ids))
     start = time.perf_counter()
-    room = cache_tokens(len(ids), max_new_tokens, draft_tokens, ngram_tokens if proposer is not None else 0)
+    room = cache_tokens(len(ids), max_new_tokens, settings.draft_tokens, settings.ngram_tokens if proposer is not None else 0)
     for engine in engines:
         engine.reset(room)
     s.last = int(_prefill(target, ids, stats))
@@ -159,7 +150,7 @@ def generate_speculative(
         s.proposer.extend(ids.tolist())
     done = max_new_tokens <= 0
     while not done:
-        [(new, observed)], _, _ = step.run([s])
-        done = step.finish(s, new, observed)
+        [verdict] = step.run([s]).verdicts
+        done = step.finish(s, verdict)
     stats.new_tokens, stats.elapsed_s, stats.draft_tokens_final = len(s.tokens), time.perf_counter() - start, s.k
     return GenerationResult(s.tokens, stats)

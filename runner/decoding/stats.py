@@ -12,6 +12,8 @@ __all__ = ["Stats", "best_predicted_speedup", "expected_tokens", "predicted_spee
 
 from dataclasses import dataclass, field
 
+from runner.decoding.methods import DRAFT, METHODS, Method
+
 
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens one speculative iteration yields on average: accepted drafts plus the target's own token."""
@@ -98,16 +100,18 @@ class Stats:
         self.plain_steps += 1
         self.steps_timed += 1
 
-    def record_iteration(self, k: int, n: int, draft_s: float, verify_s: float, catch_up: bool, method: str = "draft") -> None:
+    def record_iteration(self, k: int, n: int, draft_s: float, verify_s: float, catch_up: bool,
+                         method: str | Method = DRAFT) -> None:
         """One speculative iteration: k tokens proposed in draft_s (by the draft model's k steps, or by an
         n-gram lookup: method "ngram"), n of them accepted by a verify pass taking verify_s. catch_up: the first
         draft step also ran tokens the draft's cache lacked (the prompt, or the tokens of a plain stretch or of
         accepted n-grams), so its time is not a draft step's cost."""
-        counts = self.by_method.setdefault(method, [0, 0, 0])
+        method = METHODS[method] if isinstance(method, str) else method
+        counts = self.by_method.setdefault(method.name, [0, 0, 0])
         counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + k, counts[2] + n
         self.target_passes += 1
         self.record_verify(k, n)
-        if method == "draft":
+        if method.uses_draft:
             with_prompt = not self.draft_passes  # the draft's first step also ran the prompt
             self.draft_passes += k
             if not catch_up:
