@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "CONFIG", "EVIDENCE", "MANIFEST", "ORIGIN", "SIGNATURE", "CheckedDir", "Expected", "check_fetched", "checked_dir",
-    "URI_SCHEMES", "loaded_dir", "parse_expected", "signed_files",
+    "URI_SCHEMES", "loaded_dir", "parse_expected", "private_copy", "signed_files",
 ]
 
 import contextlib

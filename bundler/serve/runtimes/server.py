@@ -7,7 +7,7 @@ translates its signed settings (bundler.serve.runtimes.flags), and only then sta
 
 from __future__ import annotations
 
-__all__ = ["HEALTH_GRACE_S", "dry_run", "serve_runtime"]
+__all__ = ["HEALTH_GRACE_S", "dry_run", "runtime_entry", "serve_runtime"]
 
 import dataclasses
 import sys
