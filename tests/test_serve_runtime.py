@@ -29,6 +29,7 @@ from bundler.store.layout import Store
 from bundler.store.refs import parse_ref
 from bundler.trust import keys
 from conftest import copy_store, run_bundle
+from registry_server import registry  # noqa: F401  (a fixture)
 from tests.test_gguf_bench import gguf_context
 from tests.test_serve import REF, Server, _free_port
 from tests.tinymodels import write_kitfile
@@ -235,3 +236,44 @@ def test_the_run_record_names_the_runtime_its_argv_and_files(store: Path, keypai
     assert "llama_cpp.server" in runtime["argv"] and runtime["env"]["API_KEY"] == "***"
     assert {f["path"] for f in runtime["files"]} >= {"target/model.gguf", "draft/model.gguf"}
     assert predicate["totals"]["requests"] == 1 and predicate["totals"]["tokens"] == 4
+
+
+@pytest.fixture(scope="module")
+def fetched(registry, store: Path, tmp_path_factory: pytest.TempPathFactory, keypair) -> dict:  # noqa: F811 - registry: a fixture
+    """The bundle pushed to a real local registry and fetched (`bundle fetch`) into a directory, as KServe leaves it."""
+    base = tmp_path_factory.mktemp("runtime-from-dir")
+    (base / "no-docker").mkdir()
+    (base / "keys").mkdir()
+    (base / "keys" / "bundle.pub").write_bytes(keypair[1].read_bytes())
+    env = {"DOCKER_CONFIG": str(base / "no-docker"), "BUNDLE_PLAIN_HTTP": "1", "BUNDLE_TRUSTED_KEYS": str(base / "keys")}
+    ref = f"{registry.host}/models/{REF}"
+    run_bundle("push", REF, ref, "--plain-http", "--store", str(store), env=env, check=True)
+    run_bundle("fetch", f"bundle://{ref}", str(base / "dir"), env={**env, "BUNDLE_HOME": str(base / "fetch-home")}, check=True)
+    return {"dir": base / "dir", "ref": ref, "env": env, "base": base}
+
+
+def test_from_dir_runs_the_same_checks_and_shows_the_same_translation(fetched: dict, keypair) -> None:
+    shown = json.loads(run_bundle("serve", "--from-dir", str(fetched["dir"]), "--expect", fetched["ref"], *RUNTIME, "--dry-run",
+                                  "--key", str(keypair[1]), "--store", str(fetched["base"] / "home"), check=True).out)
+    assert shown["bundle"]["ref"] == fetched["ref"] and "expected" in shown["checks"]
+    assert shown["speculation"]["method"] == "ngram"
+
+
+def test_from_dir_a_file_changed_after_fetch_never_starts_the_runtime(fetched: dict, keypair, tmp_path: Path) -> None:
+    import shutil
+
+    from bundler.serve.sources import DirSource
+
+    volume = tmp_path / "volume"
+    shutil.copytree(fetched["dir"], volume)
+    weights = volume / "draft" / "model.gguf"
+    weights.chmod(0o644)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    spawns = Spawns()
+    pub = keys.load_public_key(keypair[1])
+    settings = ServeSettings(port=_free_port(), limits=ServeLimits())
+    with pytest.raises(Exception) as refused:
+        serve_runtime(DirSource(volume), {keys.key_id(pub): pub}, settings, RuntimeOptions("llama-cpp-python"), spawn=spawns)
+    assert getattr(refused.value, "code", None) == "digest-mismatch" and spawns.calls == []
