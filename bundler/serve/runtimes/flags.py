@@ -143,8 +143,9 @@ def _threads(prepared: Prepared, opts: RuntimeOptions) -> int:
 
 
 def _sha256(path: Path) -> str:
+    """The executable's own bytes (a venv's python: the interpreter it links to)."""
     try:
-        with open(path, "rb") as f:
+        with open(path.resolve(), "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return "unreadable"
@@ -157,7 +158,7 @@ def _binary(opts: RuntimeOptions, default: str | None) -> Path:
         env = BINARY_ENV.get(opts.name)
         raise BundleError("usage", f"--runtime {opts.name}: no executable {given or ''} found: give --runtime-bin PATH"
                                    + (f" (or ${env})" if env else ""))
-    return Path(found).resolve()
+    return Path(found).absolute()  # not resolved: a venv's python is a link to the base interpreter
 
 
 def _llama_cpp_python(prepared: Prepared, opts: RuntimeOptions, port: int) -> Launch:
@@ -241,6 +242,8 @@ def _version_line(argv: list[str], env: dict[str, str] | None = None) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, env={**os.environ, **(env or {})})
     except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if done.returncode != 0:
         return "unknown"
     lines = [line.strip() for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
     return next((line for line in lines if "version" in line.lower()), lines[0] if lines else "unknown")[:200]
