@@ -212,10 +212,11 @@ def _vllm(prepared: Prepared, opts: RuntimeOptions, port: int) -> Launch:
     plan = _plan(prepared, opts, ("draft", "ngram"))
     notes = _refuse_unhonoured(prepared, opts, plan, sets_ngram_bounds=True)
     dtype = opts.dtype or str(prepared.params.get("dtype") or "float32")
+    context = _model_positions(prepared, opts.context)
     # vLLM reads the tokenizer beside config.json (a separate --tokenizer directory is read as a model config)
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(prepared.model_view("target")),
             "--served-model-name", prepared.info["ref"], "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-            "--max-model-len", str(opts.context), "--max-num-seqs", str(opts.sequences)]
+            "--max-model-len", str(context), "--max-num-seqs", str(opts.sequences)]
     if plan["method"] == "draft":
         argv += ["--speculative-config", json.dumps({"method": "draft_model", "model": str(prepared.model_view("draft")),
                                                      "num_speculative_tokens": plan["draft_tokens"]})]
@@ -229,6 +230,17 @@ def _vllm(prepared: Prepared, opts: RuntimeOptions, port: int) -> Launch:
                             env={"VLLM_TARGET_DEVICE": "cpu"})
     return Launch(opts.name, argv, env, plan, notes, version, {"path": str(python), "sha256": _sha256(python)},
                   ready_path="/v1/models", metrics_path="/metrics", port=port)
+
+
+def _model_positions(prepared: Prepared, wanted: int) -> int:
+    """The context a sequence gets: serve's, or less where the target's config.json holds fewer positions (vLLM
+    refuses a longer one)."""
+    try:
+        config = json.loads((prepared.role_dir("target") / "config.json").read_text(encoding="utf-8"))
+        most = int(config.get("max_position_embeddings") or wanted)
+    except (OSError, ValueError, TypeError):
+        return wanted
+    return max(1, min(wanted, most))
 
 
 def _cpus(threads: int) -> str:
