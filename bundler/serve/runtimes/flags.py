@@ -42,6 +42,7 @@ BINARY_ENV = {"llama-server": "BUNDLE_LLAMA_SERVER", "vllm": "BUNDLE_VLLM_PYTHON
 SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "auth", "authorization", "credentials"}
 LLAMA_CPP_PYTHON_NGRAM_MAX = 2  # llama_cpp.llama_speculative.LlamaPromptLookupDecoding's max_ngram_size (no flag)
 VERSION_TIMEOUT_S = 60.0
+KV_FLOOR_BYTES = 64 << 20  # vLLM wants room for at least one whole sequence and its block rounding
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,9 @@ def _vllm(prepared: Prepared, opts: RuntimeOptions, port: int) -> Launch:
     # vLLM reads the tokenizer beside config.json (a separate --tokenizer directory is read as a model config)
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(prepared.model_view("target")),
             "--served-model-name", prepared.info["ref"], "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-            "--max-model-len", str(context), "--max-num-seqs", str(opts.sequences)]
+            "--max-model-len", str(context), "--max-num-seqs", str(opts.sequences),
+            # the KV room our memory preflight sized and checked, not vLLM's default share of the machine's memory
+            "--kv-cache-memory-bytes", str(max(int(prepared.memory.get("kv_cache_bytes") or 0), KV_FLOOR_BYTES))]
     if plan["method"] == "draft":
         argv += ["--speculative-config", json.dumps({"method": "draft_model", "model": str(prepared.model_view("draft")),
                                                      "num_speculative_tokens": plan["draft_tokens"]})]
