@@ -69,6 +69,7 @@ def test_vllm_runs_the_bundles_draft_at_its_signed_length_and_its_counters_are_o
         drafts, drafted = _metric(srv, "specbundle_spec_decode_num_drafts_total"), _metric(srv, "specbundle_draft_tokens_total")
         assert drafts > 0 and drafted == drafts * draft_tokens  # vLLM drafts the signed length at every step
         assert _metric(srv, "specbundle_generated_tokens_total") >= 1
+        assert _metric(srv, "specbundle_spec_decode_num_draft_tokens_total") > 0  # llama-server's own counters, our names
     finally:
         assert srv.stop() == 0
 
@@ -97,5 +98,6 @@ def test_llama_server_runs_the_bundles_draft_model_behind_the_front_door(tmp_pat
         answer = _ask(srv, "the quick brown fox")
         assert answer.status_code == 200 and answer.headers["x-bundle-digest"].startswith("sha256:")
         assert _metric(srv, "specbundle_generated_tokens_total") >= 1
+        assert _metric(srv, "specbundle_spec_decode_num_draft_tokens_total") > 0  # llama-server's own counters, our names
     finally:
         assert srv.stop() == 0

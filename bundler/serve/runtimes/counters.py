@@ -2,8 +2,8 @@
 whatever runs behind the front door (bundler.serve.metrics names them).
 
 vLLM exports `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens` and its token
-counters; llama-server (`--metrics`) its token counters (`llamacpp:prompt_tokens_total`,
-`llamacpp:tokens_predicted_total`). Each scrape adds to our counters what the runtime's grew by since the last;
+counters; llama-server (`--metrics`) the same speculative counters under `llamacpp:` and its token counters
+(`llamacpp:prompt_tokens_total`, `llamacpp:tokens_predicted_total`). Each scrape adds to our counters what the runtime's grew by since the last;
 what a runtime does not export stays at zero, and tokens are then counted from the answers' `usage`
 (bundler.serve.runtimes.proxy)."""
 
@@ -29,6 +29,9 @@ RUNTIME_COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
         "vllm:prompt_tokens_total": ("prompt_tokens",),
     },
     "llama-server": {
+        "llamacpp:spec_decode_num_drafts_total": ("drafts",),
+        "llamacpp:spec_decode_num_draft_tokens_total": ("drafted", "draft_tokens"),
+        "llamacpp:spec_decode_num_accepted_tokens_total": ("accepted", "accepted_tokens"),
         "llamacpp:tokens_predicted_total": ("generated",),
         "llamacpp:prompt_tokens_total": ("prompt_tokens",),
     },
