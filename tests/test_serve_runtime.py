@@ -277,3 +277,33 @@ def test_from_dir_a_file_changed_after_fetch_never_starts_the_runtime(fetched: d
     with pytest.raises(Exception) as refused:
         serve_runtime(DirSource(volume), {keys.key_id(pub): pub}, settings, RuntimeOptions("llama-cpp-python"), spawn=spawns)
     assert getattr(refused.value, "code", None) == "digest-mismatch" and spawns.calls == []
+
+
+# The shape of llama-server's /metrics, as tools/server/server-task.cpp of the llama.cpp that llama-cpp-python 0.3.36
+# vendors writes it (HELP, TYPE counter, the sample), and of vLLM's (prometheus_client, one series per model name).
+LLAMA_SERVER_METRICS = """# HELP llamacpp:spec_decode_num_draft_tokens_total Draft tokens.
+# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
+llamacpp:spec_decode_num_draft_tokens_total {drafted}
+# HELP llamacpp:spec_decode_num_accepted_tokens_total Accepted tokens.
+# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
+llamacpp:spec_decode_num_accepted_tokens_total {accepted}
+# HELP llamacpp:tokens_predicted_total Tokens.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total {tokens}
+"""
+
+
+def test_a_runtimes_counters_grow_ours_by_what_they_grew_and_a_restart_counts_afresh() -> None:
+    from prometheus_client import generate_latest
+
+    from bundler.serve.metrics import Metrics
+    from bundler.serve.runtimes.counters import Mirror
+
+    metrics = Metrics({"ref": REF})
+    mirror = Mirror("llama-server", metrics)
+    for drafted, accepted, tokens in ((30, 12, 40), (60, 30, 70), (9, 3, 10)):  # the third: the runtime started again
+        mirror.update(LLAMA_SERVER_METRICS.format(drafted=drafted, accepted=accepted, tokens=tokens))
+    text = generate_latest(metrics.registry).decode()
+    assert "specbundle_spec_decode_num_draft_tokens_total 69.0" in text and "specbundle_draft_tokens_total 69.0" in text
+    assert "specbundle_accepted_tokens_total 33.0" in text and "specbundle_generated_tokens_total 80.0" in text
+    assert mirror.acceptance() == 3 / 9 and mirror.counts_tokens
