@@ -201,6 +201,7 @@ def _llama_server(prepared: Prepared, opts: RuntimeOptions, port: int) -> Launch
     elif plan["method"] == "ngram":
         argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", str(plan["draft_tokens"]),
                  "--spec-ngram-simple-size-n", str(plan["max_n"])]
+        notes.append(f"ngram: llama-server's ngram-simple looks up {plan['max_n']}-token suffixes only (the bundle's max_n), not down to min_n")
     version = _version_line([str(binary), "--version"])
     return Launch(opts.name, argv, {"LLAMA_API_KEY": opts.upstream_key}, plan, notes, version, {"path": str(binary), "sha256": _sha256(binary)},
                   ready_path="/health", metrics_path="/metrics", port=port)
