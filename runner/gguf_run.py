@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from runner.checks import gguf_model
+from runner.checks.context_window import gguf_window
 from runner.checks.memory import check_memory
 from runner.decoding.settings import DecodingSettings, cache_tokens, thread_count
 from runner.engines import llamacpp
 from runner.models import chat_template
-from runner.pair import LoadedPair
+from runner.pair import LoadedPair, context_tokens
 
 
 # The template's bos/eos variables render empty: llama.cpp adds bos itself (tokenizer.ggml.add_bos_token).
@@ -65,11 +66,13 @@ class GGUFTokenizer:
 def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_tokens: int,
                    memory_budget: int | None) -> LoadedPair:
     """runner.run.load_pair for a GGUF pair (bundle run, serve, bench): the GGUF checks, the memory preflight,
-    then both files loaded once. context: (prompt tokens, new tokens), or a function of the tokenizer giving them."""
+    then both files loaded once. context: as runner.run.load_pair takes it (a PromptContext checked against the
+    target file's context_length)."""
     checked = gguf_model.preflight(dirs, params)
     files, headers = checked["files"], checked["headers"]
     tokenizer = GGUFTokenizer(files["target"], headers["target"]["metadata"])
-    prompt_tokens, new_tokens = context(tokenizer) if callable(context) else context
+    window = gguf_window(headers["target"]["metadata"])
+    prompt_tokens, new_tokens = context_tokens(context, tokenizer, window)
     n_ctx = cache_tokens(prompt_tokens, new_tokens, draft_tokens, DecodingSettings.from_params(params).ngram_tokens)
     memory = gguf_model.estimate_memory(headers, n_ctx)
     check_memory(memory, memory_budget, "cpu")
@@ -81,7 +84,7 @@ def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_
     return LoadedPair(
         tokenizer=tokenizer, target=target, draft=draft, params=params, fingerprint=checked["fingerprint"],
         eos_ids=tokenizer.eos_ids(), vocab_size=None, device="cpu", dtype=str(file_type), draft_tokens=draft_tokens,
-        pairing=checked["pairing"], memory=memory, context_tokens=n_ctx, load_s=time.perf_counter() - load_start,
+        pairing=checked["pairing"], memory=memory, context_tokens=n_ctx, context_window=window, load_s=time.perf_counter() - load_start,
         engine="llama.cpp", extra={"forward": {"target": "llama.cpp", "draft": "llama.cpp" if draft is not None else None},
                                    # run --json's: the file type as the header has it (a number)
                                    "engine_fields": {"engine": "llama.cpp", "engine_version": llamacpp.version(),

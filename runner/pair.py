@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-__all__ = ["LoadedPair", "TextStream", "gguf_dirs", "prompt_ids"]
+__all__ = ["LoadedPair", "TextStream", "context_tokens", "gguf_dirs", "prompt_ids"]
 
 import functools
 from collections.abc import Callable, Mapping
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.checks.context_window import PromptContext, fitting_ids
 from runner.checks.gguf_model import bundle_format
 from runner.decoding.guard import prior_verdict
 from runner.decoding.settings import DecodingSettings
@@ -45,6 +46,17 @@ def prompt_ids(tokenizer, prompt: str, raw: bool) -> list[int]:
     if isinstance(ids, Mapping) or hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def context_tokens(context: Any, tokenizer: Any, window: int | None) -> tuple[int, int]:
+    """(prompt tokens, new tokens) the caches must hold: a PromptContext's prompts each checked against the
+    model's window (by length, then by ids: runner.checks.context_window) and the longest counted; a tuple as
+    given; a function of the tokenizer as it answers."""
+    if isinstance(context, PromptContext):
+        ids = fitting_ids(context.prompts, context.new_tokens, window, tokenizer,
+                          lambda prompt: prompt_ids(tokenizer, prompt, context.raw))
+        return max((len(i) for i in ids), default=0), context.new_tokens
+    return context(tokenizer) if callable(context) else context
 
 
 class TextStream:
@@ -91,6 +103,7 @@ class LoadedPair:
     engine: str = "torch"
     extra: dict = field(default_factory=dict)
     history: RunHistory | None = None  # whether the draft paid in this bundle's last runs on this machine
+    context_window: int | None = None  # the target's own window (runner.checks.context_window); None: it names none
 
     @property
     def settings(self) -> DecodingSettings:

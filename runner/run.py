@@ -25,7 +25,8 @@ from core.errors import BundleError
 from runner.models.lean_tokenizer import load_tokenizer
 from runner.models.loading import ModelFiles, check_weight_files, load_models, torch_import_bytes
 from runner.checks.modelinfo import FileRange, Ranges, count_parameters, estimate_memory, read_config, read_raw_config, validate_config
-from runner.pair import LoadedPair, TextStream, gguf_dirs, prompt_ids
+from runner.checks.context_window import PromptContext, model_window
+from runner.pair import LoadedPair, TextStream, context_tokens, gguf_dirs
 from runner.checks.memory import check_memory
 from runner.checks.pairing import check_pairing
 from runner.decoding.run_history import with_history
@@ -178,7 +179,7 @@ def load_pair(
     roles: Mapping[str, str],
     params: Mapping,
     *,
-    context: tuple[int, int] | Callable[[Any], tuple[int, int]],
+    context: tuple[int, int] | PromptContext | Callable[[Any], tuple[int, int]],
     draft_tokens: int | None = None,
     device: str | None = None,
     dtype: str | None = None,
@@ -188,8 +189,9 @@ def load_pair(
 ) -> LoadedPair:
     """Every check (see `preflight`), the memory preflight, then the weights; raises BundleError on the first failure.
 
-    context: (prompt tokens, new tokens) the caches must hold, or a function of the tokenizer giving them
-    (bundle run sizes memory for its own prompt). Other arguments as in `run_unpacked`.
+    context: (prompt tokens, new tokens) the caches must hold, a PromptContext (bundle run, tune: its prompts
+    refused before loading where they do not fit the model's window, else sized for), or a function of the
+    tokenizer giving them. Other arguments as in `run_unpacked`.
     """
     device = resolve_device(device)
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
@@ -204,7 +206,8 @@ def load_pair(
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = load_tokenizer(checked["tokenizer_dir"])  # transformers' AutoTokenizer where a lean one would differ
-    prompt_tokens, max_new_tokens = context(tokenizer) if callable(context) else context
+    window = model_window(dirs["target"])
+    prompt_tokens, max_new_tokens = context_tokens(context, tokenizer, window)
     max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens, DecodingSettings.from_params(params).ngram_tokens)
     torch_later = "torch" not in sys.modules  # a CPU build imports it while the weights are read (resolve_device)
     memory = estimate_memory(dirs["target"], dirs.get("draft"), dtype, max_tokens, prompt_tokens=prompt_tokens,
@@ -225,7 +228,7 @@ def load_pair(
         eos_ids=eos_ids(tokenizer, dirs["target"]), vocab_size=load_spec(checked["tokenizer_dir"]).vocab_size,
         device=device, dtype=dtype, draft_tokens=draft_tokens, pairing=checked["pairing"],
         memory={k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
-        context_tokens=max_tokens, load_s=time.perf_counter() - load_start,
+        context_tokens=max_tokens, context_window=window, load_s=time.perf_counter() - load_start,
         extra={"engine_fields": {"engine": "torch", "device": device, "dtype": dtype, "threads": threads}},
     )
 
@@ -322,7 +325,7 @@ def run_unpacked(
     """
     run_start = time.perf_counter()
     pair = load_pair(
-        root, roles, params, context=lambda tokenizer: (len(prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
+        root, roles, params, context=PromptContext([prompt], max_new_tokens, raw),
         draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
         weight_ranges=weight_ranges,
     )

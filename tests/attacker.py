@@ -157,12 +157,14 @@ class StoreEditor:
     # signatures
     def signatures(self, subject: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
         """Index entries of signature artifacts (whose subject is `subject`, when given; of one kind,
-        "model-signing" or "cosign", when given)."""
+        "model-signing" or "cosign", when given). The SBOM and provenance attestations share their artifactType
+        (cosign 3) and are no signatures: left out, as bundler.store.referrers leaves them out."""
+        from bundler.store.referrers import is_attestation
         from bundler.trust.cosign import kind_of
 
         out = []
         for m in self.index()["manifests"]:
-            if m.get("artifactType") != SIGNATURE_TYPE:
+            if m.get("artifactType") != SIGNATURE_TYPE or is_attestation(json.loads(self.read(m["digest"]))):
                 continue
             if kind is not None and kind_of(self.signature_payload(m)) != kind:
                 continue

@@ -20,7 +20,8 @@ from registry_server import Registry, registry  # noqa: F401  (fixture)
 from bundler.trust import cosign, keys
 from bundler.store.modelkit import load_modelkit
 from bundler.store.refs import parse_ref
-from bundler.store.referrers import find_signatures
+from bundler.format.mediatypes import ATTESTATION_PREDICATES
+from bundler.store.referrers import find_attestations, find_signatures
 from bundler.trust.sign import attach_signature, sign_modelkit
 from bundler.store.layout import Store
 
@@ -98,7 +99,8 @@ def test_verify_reports_both_kinds_of_signature(tree: Path, store_dir: Path, key
     assert result.code == 0 and report["ok"]
     assert report["signature_kinds"] == ["cosign", "model-signing"]
     assert sorted((s["kind"], s["verified"]) for s in report["signatures"]) == [("cosign", True), ("model-signing", True)]
-    assert {s["digest"] for s in report["signatures"]} == {m["digest"] for m in Store(store_dir).index()["manifests"] if m.get("artifactType") == SIG_TYPE}
+    attested = {d.digest for d, _, _ in find_attestations(Store(store_dir), digest)}  # the SBOM and provenance pack writes: no signatures
+    assert {s["digest"] for s in report["signatures"]} == {m["digest"] for m in Store(store_dir).index()["manifests"] if m.get("artifactType") == SIG_TYPE} - attested
     assert report["digest"] == digest and report["skipped_signatures"] == []
     assert_matches_schema(report, "verify-report")
 
@@ -172,7 +174,8 @@ def test_push_lists_both_signatures_in_the_referrers_tag_fallback(registry: Regi
     index = requests.get(f"http://{registry.host}/v2/cosign/tiny-spec/manifests/sha256-{digest[7:]}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()
     assert {m["artifactType"] for m in index["manifests"]} == {SIG_TYPE}
     types = sorted(m["annotations"]["dev.sigstore.bundle.predicateType"] for m in index["manifests"])
-    assert types == sorted([COSIGN_PREDICATE, "https://model_signing/signature/v1.0"])
+    # the two signatures, and the SBOM and provenance attestations pack writes (bundler/trust/attestation.py)
+    assert types == sorted([COSIGN_PREDICATE, "https://model_signing/signature/v1.0", *ATTESTATION_PREDICATES])
 
 
 def test_pull_keeps_both_signatures_and_accepts_a_cosign_only_bundle(registry: Registry, tree: Path, tmp_path: Path, keypair) -> None:  # noqa: F811
@@ -268,7 +271,7 @@ def test_without_the_flag_no_sig_tag_is_pushed(registry: Registry, tree: Path, t
 
 def test_gc_removes_the_cosign_signatures_with_their_bundle(tree: Path, store_dir: Path, keypair) -> None:
     run_bundle("pack", str(tree), "-t", REF, "--key", str(keypair[0]), "--cosign-legacy", "--store", str(store_dir), check=True)
-    assert len(Store(store_dir).index()["manifests"]) == 4  # the bundle, model-signing, cosign-style, legacy .sig
+    assert len(Store(store_dir).index()["manifests"]) == 6  # the bundle, model-signing, cosign-style, legacy .sig, SBOM, provenance
     run_bundle("rm", REF, "--store", str(store_dir), check=True)
     run_bundle("gc", "--store", str(store_dir), check=True)
     assert Store(store_dir).index()["manifests"] == []

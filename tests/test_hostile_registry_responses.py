@@ -116,7 +116,7 @@ def test_signature_manifest_with_subject_as_a_list_counts_as_no_signature(packed
 
     index = json.loads((packed / "index.json").read_text())
     sigs = [m for m in index["manifests"] if "artifactType" in m]
-    assert len(sigs) == 2  # model-signing and cosign-style: each served with its subject as a list
+    assert len(sigs) == 4  # model-signing, cosign-style, the SBOM and provenance attestations: each served with its subject as a list
     [entry] = [m for m in index["manifests"] if "annotations" in m]
     served: dict[str, bytes] = {}
     for sig in sigs:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from bundler.serve.api_error import ApiError
-from bundler.serve.openai_requests import (CompletionRequest, check_prompt_bytes, parse_body, parse_request,
-                                           prompt_byte_limit, prompt_ids)
+from bundler.serve.openai_requests import CompletionRequest, check_prompt_bytes, parse_body, parse_request, prompt_ids
+from runner.checks.context_window import prompt_byte_limit
 from tests.tinymodels import train_tokenizer, write_tokenizer
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}

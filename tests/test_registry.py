@@ -88,7 +88,8 @@ def test_signature_travels_in_the_referrers_tag_fallback(registry: Registry, tre
     ref = f"{registry.host}/sig/tiny-spec:v1"
     digest = _pack(tree, tmp_path / "s", ref, keypair[0])
     sigs = Store(tmp_path / "s").untagged(SIG_TYPE)
-    assert len(sigs) == 2  # the model-signing signature and the cosign-style one (docs/cosign.md)
+    # the model-signing signature and the cosign-style one (docs/cosign.md), the SBOM and the provenance (docs/trust.md)
+    assert len(sigs) == 4
     run_bundle("push", ref, "--plain-http", "--store", str(tmp_path / "s"), env=env, check=True)
     base = f"http://{registry.host}/v2/sig/tiny-spec"
     assert requests.get(f"{base}/referrers/{digest}").status_code == 404  # docker-registry 2.8 has no referrers API

@@ -54,13 +54,12 @@ def test_piped_stdin_without_prompt_is_the_prompt(signed, keypair) -> None:
 def test_prompt_dash_and_prompt_file_read_the_prompt(monkeypatch, tmp_path: Path) -> None:
     import io
 
-    from bundler.cli.options import read_prompt as _read_prompt
+    from bundler.verbs.prompts import read_prompt
 
-    monkeypatch.setattr(sys, "stdin", io.StringIO("from stdin\n"))
-    assert _read_prompt("-", None) == "from stdin"
+    assert read_prompt("-", None, stdin=io.BytesIO(b"from stdin\n")) == "from stdin"
     (tmp_path / "p.txt").write_text("from a file\n")
-    assert _read_prompt(None, str(tmp_path / "p.txt")) == "from a file"
-    assert _read_prompt("@literal", None) == "@literal"
+    assert read_prompt(None, str(tmp_path / "p.txt")) == "from a file"
+    assert read_prompt("@literal", None) == "@literal"
 
 
 def test_no_prompt_at_all_is_a_usage_error(signed, keypair) -> None:

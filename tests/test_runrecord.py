@@ -233,8 +233,9 @@ def test_records_travel_through_push_and_pull_and_verify_on_the_other_side(regis
     # docker-registry 2.8 has no referrers API: signature and records share the fallback index.
     index = requests.get(f"http://{registry.host}/v2/attested/tiny-spec/manifests/sha256-{digest[7:]}",
                          headers={"Accept": "application/vnd.oci.image.index.v1+json"}).json()
-    # two signatures (model-signing and cosign-style) and the two records
-    assert sorted(m["artifactType"] for m in index["manifests"]) == ["application/vnd.dev.sigstore.bundle.v0.3+json"] * 2 + ["application/vnd.in-toto+json"] * 2
+    # two signatures (model-signing and cosign-style), the SBOM and provenance attestations `pack --key` writes
+    # (the same artifactType, as cosign 3 writes them), and the two records
+    assert sorted(m["artifactType"] for m in index["manifests"]) == ["application/vnd.dev.sigstore.bundle.v0.3+json"] * 4 + ["application/vnd.in-toto+json"] * 2
     pulled = run_bundle("pull", ref, "--plain-http", "--key", str(keypair[1]), "--store", str(dst), env=env, check=True)
     assert pulled.out.strip().splitlines()[-1] == digest
     listed = run_bundle("attestations", ref, "--key", str(other_keypair[1]), "--store", str(dst), "--json", check=True)

@@ -45,8 +45,8 @@ def _free_port() -> int:
 class Server:
     """A `bundle serve` subprocess; started once per fixture, stopped with SIGTERM."""
 
-    def __init__(self, store: Path, pub: Path, *extra: str, api_key: str | None = None):
-        self.port, self.store, self.api_key = _free_port(), store, api_key
+    def __init__(self, store: Path, pub: Path, *extra: str, api_key: str | None = None, metrics_key: str | None = None):
+        self.port, self.store, self.api_key, self.metrics_key = _free_port(), store, api_key, metrics_key
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in ("BUNDLE_TRUSTED_KEYS", "BUNDLE_HOME")}
         self.proc = subprocess.Popen(
@@ -73,7 +73,9 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=120)
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
-        text = httpx.get(self.url + "/metrics", headers=self.auth()).text
+        """A scrape, with the metrics key where the server was given one (the prompt cache's figures), else the API key's."""
+        headers = {"Authorization": f"Bearer {self.metrics_key}"} if self.metrics_key else self.auth()
+        text = httpx.get(self.url + "/metrics", headers=headers).text
         return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
     def stop(self) -> int:

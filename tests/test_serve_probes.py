@@ -21,6 +21,7 @@ from conftest import run_bundle
 from tests.test_serve import REF, Server, _free_port, _pack
 
 API_KEY = "probe-key"
+METRICS_KEY = "probe-metrics-key"  # the separate credential the prompt cache's figures need
 SERVED_NAME = "my-isvc"
 
 
@@ -39,8 +40,10 @@ def kserve(store: Path, keypair, tmp_path_factory: pytest.TempPathFactory):
     """As deploy/kserve runs it: an API key, open probes, the InferenceService's name."""
     key = tmp_path_factory.mktemp("key") / "key"
     key.write_text(API_KEY)
+    metrics_key = key.with_name("metrics.key")
+    metrics_key.write_text(METRICS_KEY)
     srv = Server(store, keypair[1], "--api-key-file", str(key), "--open-probes", "--served-model-name", SERVED_NAME,
-                 api_key=API_KEY)
+                 "--metrics-key-file", str(metrics_key), api_key=API_KEY)
     yield srv
     srv.stop()
 
@@ -140,16 +143,25 @@ def _names(text: str) -> set[str]:
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def test_metrics_leave_out_the_prompt_cache_figures_unless_the_scrape_carries_the_api_key(kserve: Server) -> None:
-    """A cached-token counter tells its reader whether another client's prompt began as theirs: an open scrape
-    (--open-probes) gets every other figure, a scrape with the key gets these too."""
+def test_metrics_leave_out_the_prompt_cache_figures_unless_the_scrape_carries_the_metrics_key(kserve: Server) -> None:
+    """A cached-token counter tells its reader whether another client's prompt began as theirs, and every client
+    holds the API key: an open scrape (--open-probes) and one with the API key get every other figure, a scrape
+    with the separate metrics key (--metrics-key-file) gets these too."""
     kserve.client().completions.create(model=REF, prompt="a shared start", max_tokens=2, temperature=0)
     opened = httpx.get(kserve.url + "/metrics")
     keyed = httpx.get(kserve.url + "/metrics", headers=kserve.auth())
-    assert opened.status_code == keyed.status_code == 200
+    metrics = httpx.get(kserve.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"})
+    assert opened.status_code == keyed.status_code == metrics.status_code == 200
     private = {"specbundle_cached_prompt_tokens_total", "specbundle_prompt_cache_bytes"}
-    assert not private & _names(opened.text) and private <= _names(keyed.text)
+    assert not private & _names(opened.text) and not private & _names(keyed.text) and private <= _names(metrics.text)
     assert "specbundle_requests_total" in _names(opened.text)
+
+
+def test_the_metrics_key_opens_metrics_only(kserve: Server) -> None:
+    """The metrics credential is Prometheus', not a client's: it answers nothing else."""
+    bearer = {"Authorization": f"Bearer {METRICS_KEY}"}
+    completion = httpx.post(kserve.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 2}, headers=bearer, timeout=60)
+    assert completion.status_code == 401 and httpx.get(kserve.url + "/status.json", headers=bearer).status_code == 401
 
 
 def test_metrics_need_the_api_key_without_open_probes(store: Path, keypair, tmp_path: Path) -> None:

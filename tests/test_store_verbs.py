@@ -74,7 +74,7 @@ def test_gc_after_rm_frees_exactly_the_unreachable_blobs_and_the_rest_still_read
     assert _blobs(store) == expected_kept
     assert a[7:] not in _blobs(store) and b[7:] in _blobs(store)
     assert done["bytes_freed"] == sum(len(bytes_of[h]) for h in all_blobs - expected_kept) > 0
-    assert len(done["removed_manifests"]) == 2  # a's signature artifacts: model-signing and cosign-style
+    assert len(done["removed_manifests"]) == 4  # a's signature artifacts (model-signing, cosign-style) and attestations (SBOM, provenance)
 
     for ref in ("b/other-spec:1.0.0", "b/other-spec:latest"):
         v = run_bundle("verify", ref, "--key", str(keypair[1]), "--store", str(store))

@@ -63,9 +63,12 @@ def init(store: Store, target_dir: str, draft_dir: str | None, tokenizer_dir: st
 @click.option("--key", "key_path", type=click.Path(), help="Private key: sign the bundle too.")
 @click.option("--valid-days", default=365.0, show_default=True, type=click.FloatRange(0, min_open=True), help="How long the signature is valid (days, > 0).")
 @click.option("--cosign-legacy", is_flag=True, help="Also write cosign's older `sha256-<hex>.sig` tag form on push (for policy-controller key authorities; docs/cosign.md).")
+@click.option("--format", "fmt", type=click.Choice(["modelkit", "modelpack"]), default="modelkit", show_default=True,
+              help="modelkit: a KitOps ModelKit, one tar layer per Kitfile entry; modelpack: a CNCF ModelPack, one raw file per layer, "
+                   "for image volumes and ModelPack tools (docs/format.md says when to pick which).")
 @command
-def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float, cosign_legacy: bool) -> None:
-    """Pack CONTEXT into a ModelKit in the store; the last line printed is the manifest digest.
+def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: str | None, valid_days: float, cosign_legacy: bool, fmt: str) -> None:
+    """Pack CONTEXT into a ModelKit (or, with --format modelpack, a CNCF ModelPack) in the store; the last line printed is the manifest digest.
 
     Refused before anything is written: content `verify` or `run` would refuse (roles, the tokenizer gate,
     config.json, pairing; memory is left to `run`), and a name and version already signed here with other content.
@@ -73,10 +76,13 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
     from bundler.verbs.pack import pack_checked
     from bundler.trust.sign import sign_modelkit
 
+    import datetime as dt
+
+    started = dt.datetime.now(dt.timezone.utc)
     parsed = parse_ref(ref)
     private = keys.load_private_key(Path(key_path), password()) if key_path else None  # fail before packing
     for tick in progress():
-        result, checked = pack_checked(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick)
+        result, checked = pack_checked(Path(context), parsed, store, Path(kitfile) if kitfile else None, progress=tick, fmt=fmt)
     p = checked.pairing
     if p.get("size_ratio") is None:  # no draft: a bundle for draft-free speculation
         click.echo(f"checked: tokenizer {checked.fingerprint}; {p['target_family']} target ({checked.format}), "
@@ -91,6 +97,10 @@ def pack(store: Store, context: str, kitfile: str | None, ref: str, key_path: st
         mk = load_modelkit(store, parsed)
         signed = sign_modelkit(store, mk, private, {f.path: f.sha256 for f in result.files}, {f.path: f.role for f in result.files}, valid_days, cosign_legacy)
         click.echo(f"signed by {signed.key_id[:16]}… (signature {signed.signature_digest})")
+        from bundler.verbs.pack import attest_packed
+
+        written = attest_packed(store, result, Path(context), private, started)
+        click.echo("attested: " + ", ".join(f"{w.kind} {w.digest[:19]}…" for w in written))
     click.echo(result.digest)
 
 
@@ -108,3 +118,18 @@ def sign(store: Store, ref: str, key_path: str, valid_days: float, cosign_legacy
     private = keys.load_private_key(Path(key_path), password())
     signed = sign_checked(store, parsed, private, valid_days, cosign_legacy)
     click.echo(f"signed {parsed} ({signed.digest}) by {signed.key_id[:16]}…\n{signed.signature_digest}")
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--key", "key_path", required=True, type=click.Path(), help="The bundle's private key (PKCS#8 PEM): the bundle must verify with its public half.")
+@click.option("--bench", "bench_path", type=click.Path(), help="A `bundle bench REF --json` report of this bundle: its acceptance rate and speed-ups go into the SBOM's model card.")
+@command
+def attest(store: Store, ref: str, key_path: str, bench_path: str | None) -> None:
+    """Write the SBOM (CycloneDX 1.6 ML-BOM) and SLSA v1 provenance of a bundle already in the store, signed with KEY
+    (what `bundle pack --key` writes; for bundles packed before it did). Each line: type and attestation digest."""
+    from bundler.trust.attest import attest_stored, read_bench
+
+    bench = read_bench(Path(bench_path)) if bench_path else None  # a bad report: refused before anything is written
+    for written in attest_stored(store, parse_ref(ref), keys.load_private_key(Path(key_path), password()), bench):
+        click.echo(f"{written.kind} {written.digest}")

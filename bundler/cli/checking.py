@@ -6,6 +6,7 @@ __all__ = ["verify", "inspect", "unpack", "attestations"]
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -21,12 +22,15 @@ from core.errors import BundleError
 @click.argument("ref")
 @trust_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--require", "require", multiple=True, metavar="KINDS", help="Attestations that must be attached and signed by a trusted key: sbom, provenance (comma-separated or repeated).")
 @command
-def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool) -> None:
+def verify(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool, require: tuple[str, ...]) -> None:
     """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
+    from bundler.trust.attestation import parse_kinds
     from bundler.trust.verify import verify_bundle
 
-    report = verify_bundle(store, parse_ref(ref), trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
+    report = verify_bundle(store, parse_ref(ref), trusted(key_paths), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
+                           require_attestations=parse_kinds(require, allow_unsigned))
     if as_json:
         emit(report.as_json())
     else:
@@ -109,21 +113,39 @@ def unpack(store: Store, ref: str, dest: str, signature_out: str | None, key_pat
 @click.argument("ref")
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key for run records (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array on stdout.")
+@click.option("--type", "types", multiple=True, type=click.Choice(["run", "sbom", "provenance", "all"]), default=("run",), show_default=True,
+              help="Which attestations: run records, the SBOM, the SLSA provenance, or all (repeatable).")
 @command
-def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bool) -> None:
-    """List the signed run records attached to a bundle and verify each; exits with the first failure's code if any does not verify."""
+def attestations(store: Store, ref: str, key_paths: tuple[str, ...], as_json: bool, types: tuple[str, ...]) -> None:
+    """List the signed run records (with --type, the SBOM and provenance too) attached to a bundle and verify each; exits with the first failure's code if any does not verify."""
+    from bundler.trust.attestation import attestation_checks
     from bundler.trust.runrecord import attestations as find
 
-    digest, records = find(store, parse_ref(ref), trusted(key_paths))
+    trusted_keys = trusted(key_paths)
+    digest, records = find(store, parse_ref(ref), trusted_keys)
+    wanted = {"run", "sbom", "provenance"} if "all" in types else set(types)
+    records = records if "run" in wanted else []
+    standard = [c for c in attestation_checks(store, digest, trusted_keys) if c.kind in wanted]
     if as_json:
-        emit([r.as_json() for r in records])
+        emit([r.as_json() for r in records] + [c.as_json() for c in standard])
     else:
-        click.echo(f"{len(records)} run record(s) for {ref} ({digest})")
+        click.echo(f"{len(records)} run record(s) for {ref} ({digest})" if "run" in wanted else f"{len(standard)} attestation(s) for {ref} ({digest})")
         for r in records:
             click.echo(format_record(r))
-    bad = [r for r in records if not r.verified]
+        for c in standard:
+            click.echo(_format_attestation(c))
+    bad = [r for r in [*records, *standard] if not r.verified]
     if bad:
         first = bad[0].error
         assert first is not None
-        click.echo(BundleError(first.code, f"{len(bad)} of {len(records)} run record(s) did not verify; first: {first.message}").line(), err=True)
+        what = "run record(s)" if not standard else "attestation(s)"
+        click.echo(BundleError(first.code, f"{len(bad)} of {len(records) + len(standard)} {what} did not verify; first: {first.message}").line(), err=True)
         sys.exit(first.exit_code)
+
+
+def _format_attestation(check: Any) -> str:
+    """One SBOM or provenance attestation: its verdict, signer or reason, and its type."""
+    if check.verified:
+        return f"ok   {check.digest[:19]}…  signer {shown(check.signer[:16])}  {check.kind} ({shown(check.predicate_type)})"
+    reason = check.error.line() if check.error is not None else "error: [integrity] not verified"
+    return f"FAIL {check.digest[:19]}…  NOT VERIFIED: {shown(reason, 1000)}  {check.kind} ({shown(check.predicate_type)})"

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from bundler.cli.app import command, emit, fail, main, password, trusted
-from bundler.cli.options import device_option, memory_budget_option, read_prompt
+from bundler.cli.options import device_option, memory_budget_option
 from bundler.cli.render import format_stats, print_bench, print_tune
 from bundler.store.layout import Store
 from bundler.store.refs import parse_ref
@@ -41,6 +41,8 @@ def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key
     from bundler.verbs.run import run_bundle
 
     parsed = parse_ref(ref)
+    from bundler.verbs.prompts import read_prompt
+
     prompt = read_prompt(prompt, prompt_file)
     if attest_prompts and not attest_key:
         raise BundleError("usage", "--attest-prompts needs --attest KEY")
@@ -114,10 +116,11 @@ def tune(store: Store, target: str, prompts_file: str | None, held_out: str | No
     """Measure each speculation method, draft length and candidate draft on TARGET (a context directory
     before `pack`, or a stored bundle REF, verified as `run` verifies it): acceptance per position and
     tokens/s on this machine; print the table and the choice, checked on held-out prompts."""
-    from bundler.verbs.tune import TuneOptions, split_held_out, tune_bundle, tune_context
+    from bundler.verbs.tune import TuneOptions, split_held_out, tune_bundle, tune_context, tune_target
     from runner.bench.prompt_sets import read_prompts
 
-    is_context = Path(target).is_dir()
+    where = tune_target(store, target)  # a directory that is also a stored reference: refused as ambiguous
+    is_context = isinstance(where, Path)
     if write and not is_context:
         raise BundleError("usage", "--write needs a context directory; a stored bundle is signed as it is")
     prompts = [p.text for p in read_prompts(prompts_file, default="grounded-tuning")]
@@ -131,9 +134,9 @@ def tune(store: Store, target: str, prompts_file: str | None, held_out: str | No
     options = TuneOptions(prompts[:limit], held[:limit], tuple(Path(d) for d in drafts), tuple(range(1, max_k + 1)), max_new_tokens, repeat,
                           device, say)
     if is_context:
-        result = tune_context(Path(target), options, write=write, kitfile=Path(kitfile) if kitfile else None)
+        result = tune_context(where, options, write=write, kitfile=Path(kitfile) if kitfile else None)
     else:
-        result = tune_bundle(store, parse_ref(target), trusted(key_paths), options)
+        result = tune_bundle(store, where, trusted(key_paths), options)
     if as_json:
         emit(result)
         return

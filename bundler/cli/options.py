@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["device_option", "expected_reference", "max_body_option", "memory_budget_option", "prompt_cache_option", "read_prompt", "size_option"]
+__all__ = ["device_option", "expected_reference", "max_body_option", "memory_budget_option", "prompt_cache_option", "size_option"]
 
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -50,36 +48,14 @@ def max_body_option(ctx: click.Context, param: click.Parameter, value: str | int
     return size
 
 
-def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """The prompt from --prompt TEXT, --prompt-file FILE, or stdin (`--prompt -`, or no --prompt when stdin is piped)."""
-    if prompt is not None and prompt_file is not None:
-        raise BundleError("usage", "give --prompt or --prompt-file, not both")
-    if prompt_file is not None:
-        try:
-            text = Path(prompt_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BundleError("missing-input", f"cannot read --prompt-file {prompt_file}: {getattr(exc, 'strerror', None) or exc}") from None
-        where = prompt_file
-    elif prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        text = sys.stdin.read()
-        where = "standard input"
-    elif prompt is None:
-        raise BundleError("usage", "no prompt: give --prompt TEXT, --prompt-file FILE, or pipe it on standard input")
-    else:
-        return prompt
-    text = text.removesuffix("\n")  # the newline an editor or `echo` adds is not part of the prompt
-    if not text.strip():
-        raise BundleError("usage", f"the prompt from {where} is empty")
-    return text
-
-
 def expected_reference(from_dir: str | None, expect: str | None) -> Any:
-    """serve's --expect, parsed (bundler.verbs.fromdir.Expected)."""
-    from bundler.verbs.fromdir import parse_expected
+    """serve's --expect (else $BUNDLE_EXPECT), parsed (bundler.verbs.fromdir.Expected); None when neither is set.
+    One parser for every reference: a tag beside a digest is checked too (bundler.verbs.fromdir.parse_expected)."""
+    from bundler.verbs.fromdir import expected_from
 
-    if expect and not from_dir:
+    if not from_dir:
         source = click.get_current_context().get_parameter_source("expect")
-        if source == click.core.ParameterSource.COMMANDLINE:
+        if expect is not None and source == click.core.ParameterSource.COMMANDLINE:
             raise BundleError("usage", "--expect goes with --from-dir (REF already names the bundle)")
         return None  # $BUNDLE_EXPECT set for a --from-dir pod, here serving from the store
-    return parse_expected(expect) if from_dir and expect else None
+    return expected_from(expect)

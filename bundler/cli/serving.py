@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["serve"]
+__all__ = ["client_keys", "serve", "serve_limits", "setting"]
 
 import dataclasses
 from pathlib import Path
@@ -33,32 +33,46 @@ def runtime_options(f: Callable[..., Any]) -> Callable[..., Any]:
                              "front door, after the same checks, under the bundle's signed settings (docs/serving.md).")(f)
 
 
-def _api_key(api_key_file: str | None) -> str | None:
-    if not api_key_file:
-        return None
-    try:
-        api_key = Path(api_key_file).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BundleError("usage", f"--api-key-file {api_key_file}: cannot read it ({type(exc).__name__})") from None
-    if not api_key:
-        raise BundleError("usage", f"--api-key-file {api_key_file} is empty")
-    return api_key
-
-
 def setting(decl: str, owner: type, name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """An option whose default and help are the settings field's (bundler.serve.settings): each written once."""
     spec = {f.name: f for f in dataclasses.fields(owner)}[name]
     return click.option(decl, default=spec.default, show_default=True, help=spec.metadata["help"], **kwargs)
 
 
+def serve_limits(host: str, allowed_hosts: tuple[str, ...], max_body: int, header_timeout: float, max_connections: int | None) -> ServeLimits:
+    """The request guard's bounds from serve's options; --max-connections above the file limit's room is refused."""
+    from bundler.serve.request_guard import connection_room
+
+    limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
+    if max_connections is not None:
+        if max_connections > connection_room():
+            raise BundleError("usage", f"--max-connections {max_connections} is above what the file limit leaves room for "
+                                       f"({connection_room()}); raise `ulimit -n` or ask for fewer")
+        limits.max_connections = max_connections
+    return limits
+
+
+def client_keys(api_key_file: str | None, metrics_key_file: str | None) -> tuple[str | None, str | None]:
+    """The API key and the separate metrics key, each read bounded from its file; the same key twice is refused."""
+    from bundler.serve.api_key import read_key_file
+
+    api_key = read_key_file(api_key_file, "--api-key-file") if api_key_file else None
+    metrics_key = read_key_file(metrics_key_file, "--metrics-key-file") if metrics_key_file else None
+    if metrics_key is not None and metrics_key == api_key:
+        raise BundleError("usage", "--metrics-key-file holds the API key: the metrics key must be a separate credential")
+    return api_key, metrics_key
+
+
 @main.command()
 @click.argument("ref", required=False)
 @click.option("--from-dir", type=click.Path(file_okay=False), help="Serve a directory `bundle fetch` filled (checked against its evidence first) instead of REF.")
+@click.option("--evidence", envvar="BUNDLE_EVIDENCE", type=click.Path(file_okay=False), help="With --from-dir: the directory `fetch --evidence-only` filled, when DIR is a read-only image volume without its own .specbundle/ (also $BUNDLE_EVIDENCE).")
 @click.option("--expect", envvar="BUNDLE_EXPECT", help="With --from-dir: the bundle the directory must hold, NAME:TAG, NAME@sha256:<hex>, sha256:<hex> or the STORAGE_URI (also $BUNDLE_EXPECT); its signed name, version or digest must agree.")
 @setting("--host", ServeSettings, "host")
 @setting("--port", ServeSettings, "port", type=click.IntRange(1, 65535))
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key clients must send as `Authorization: Bearer <key>`.")
+@click.option("--metrics-key-file", type=click.Path(dir_okay=False), help="File holding a separate key for /metrics scrapes: only a scrape with `Authorization: Bearer <metrics key>` gets the prompt cache's figures (which could tell one client whether another's prompt shared its start).")
 @click.option("--open-probes", is_flag=True, help="GET /health, /livez and /metrics answer without the API key (Kubernetes probes and Prometheus scrapes send none; /metrics then leaves out the prompt cache's figures).")
 @click.option("--served-model-name", envvar="BUNDLE_SERVED_MODEL_NAME", help="Another name the model answers to besides the bundle reference (KServe: the InferenceService's name; also $BUNDLE_SERVED_MODEL_NAME).")
 @setting("--max-queue", ServeSettings, "max_queue", type=click.IntRange(1, 4096))
@@ -77,29 +91,25 @@ def setting(decl: str, owner: type, name: str, **kwargs: Any) -> Callable[[Calla
 @setting("--header-timeout", ServeLimits, "header_timeout_s", type=click.FloatRange(0.1, 3600))
 @runtime_options
 @command
-def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, max_queue: int,
+def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], api_key_file: str | None, metrics_key_file: str | None, max_queue: int,
           time_limit: float, attest_key: str | None, open_probes: bool, served_model_name: str | None, max_body: int, allowed_hosts: tuple[str, ...],
           max_connections: int | None, header_timeout: float, sequences: int | None, speculate: bool, prompt_cache: int | None, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
-    from bundler.serve.request_guard import connection_room
     from bundler.serve.server import serve_bundle
     from bundler.serve.settings import BatchSettings, LoadOptions
     from bundler.serve.sources import DirSource, StoreSource
 
-    limits = ServeLimits(host=host, allowed_hosts=allowed_hosts, max_body=max_body, header_timeout_s=header_timeout)
-    if max_connections is not None:
-        if max_connections > connection_room():
-            raise BundleError("usage", f"--max-connections {max_connections} is above what the file limit leaves room for "
-                                       f"({connection_room()}); raise `ulimit -n` or ask for fewer")
-        limits.max_connections = max_connections
+    limits = serve_limits(host, allowed_hosts, max_body, header_timeout, max_connections)
 
     if (ref is None) == (from_dir is None):
         raise BundleError("usage", "give either REF or --from-dir DIR")
     if from_dir and attest_key:
         raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
     expected = expected_reference(from_dir, expect)
+    if evidence and not from_dir:
+        raise BundleError("usage", "--evidence goes with --from-dir")
 
-    api_key = _api_key(api_key_file)
+    api_key, metrics_key = client_keys(api_key_file, metrics_key_file)
     runtime, runtime_bin, dry_run = options.pop("runtime"), options.pop("runtime_bin"), options.pop("dry_run")
     records = None
     if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
@@ -111,13 +121,13 @@ def serve(store: Store, ref: str | None, from_dir: str | None, expect: str | Non
 
     def ready(info: dict[str, Any]) -> None:
         click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
-        if from_dir and not expect:  # once serving: a refusal stays the one line CONTRACT.md promises
+        if from_dir and expected is None:  # once serving: a refusal stays the one line CONTRACT.md promises
             click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
                        "under its signed name: pin the reference or digest", err=True)
 
     try:
-        source = DirSource(Path(from_dir), expected, store) if from_dir else StoreSource(store, parse_ref(ref))
-        settings = ServeSettings(host=host, port=port, api_key=api_key, open_probes=open_probes, served_model_name=served_model_name,
+        source = DirSource(Path(from_dir), expected, store, Path(evidence) if evidence else None) if from_dir else StoreSource(store, parse_ref(ref))
+        settings = ServeSettings(host=host, port=port, api_key=api_key, metrics_key=metrics_key, open_probes=open_probes, served_model_name=served_model_name,
                                  max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options),
                                  batch=BatchSettings(sequences=sequences, speculate=speculate, prompt_cache=prompt_cache))
         if runtime != "builtin" or dry_run:

@@ -64,6 +64,7 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
                          trusted=trusted(()))  # run records: those $BUNDLE_TRUSTED_KEYS verify go first
     sigs = f"{len(result.signatures)} signature(s) ({'referrers API' if result.referrers == 'api' else 'referrers tag ' + result.digest.replace(':', '-', 1)[:19] + '…'})" if result.signatures else "unsigned"
     records = f", {len(result.records)} run record(s)" if result.records else ""
+    records += f", {len(result.attestations)} attestation(s)" if result.attestations else ""
     click.echo(f"pushed {result.ref}: {result.blobs_uploaded} blobs uploaded ({result.bytes_uploaded:,} bytes), {result.blobs_skipped} already there; {sigs}{records}")
     click.echo(result.digest)
 
@@ -72,18 +73,22 @@ def push(store: Store, ref: str, dst: str | None, plain_http: bool) -> None:
 @click.argument("ref")
 @trust_options
 @click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
+@click.option("--require", "require", multiple=True, metavar="KINDS", help="Attestations that must be attached and signed by a trusted key: sbom, provenance (comma-separated or repeated).")
 @command
-def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool) -> None:
+def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, plain_http: bool, require: tuple[str, ...]) -> None:
     """Download REF with its signatures, verify it apart from the store, then add it; the last line is the digest."""
     from bundler.trust.recordlimits import MAX_RECORDS
     from bundler.registry.pull import pull as do_pull
+    from bundler.trust.attestation import parse_kinds
 
     trusted_keys = trusted(key_paths)
     for tick in progress():
-        result = do_pull(store, parse_ref(ref), trusted=trusted_keys, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch)
+        result = do_pull(store, parse_ref(ref), trusted=trusted_keys, allow_unsigned=allow_unsigned, plain_http=plain_http, progress=tick, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
+                             require_attestations=parse_kinds(require, allow_unsigned))
     who = f"signed by {result.signer}" if result.signer else "UNSIGNED (integrity only)"
     who += f" (signatures: {', '.join(result.signature_kinds)})" if result.signature_kinds else ""
     records = f"; {len(result.records)} run record(s) (check them with `bundle attestations`)" if result.records else ""
+    records += f"; {len(result.attestations)} attestation(s)" if result.attestations else ""
     if result.records_dropped:
         records += f"; {result.records_dropped} more run record(s) not kept (at most {MAX_RECORDS} per bundle, trusted first: docs/security.md)"
     click.echo(f"pulled {result.ref}: {result.blobs_downloaded} blobs downloaded ({result.bytes_downloaded:,} bytes), {result.blobs_reused} reused; verified, {who}{records}")
@@ -96,8 +101,9 @@ def pull(store: Store, ref: str, key_paths: tuple[str, ...], allow_unsigned: boo
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also every *.pub in $BUNDLE_TRUSTED_KEYS.")
 @click.option("--allow-rollback", is_flag=True, help="Accept a release older than one already verified in this store.")
 @click.option("--plain-http", is_flag=True, envvar="BUNDLE_PLAIN_HTTP", help="Speak HTTP, not HTTPS (a registry on loopback; also BUNDLE_PLAIN_HTTP=1).")
+@click.option("--evidence-only", is_flag=True, help="Write only the evidence (manifest, config, signature, origin) into DEST: for a bundle the container runtime mounts as an image volume, checked by `serve --from-dir MOUNT --evidence DEST`.")
 @command
-def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_rollback: bool, plain_http: bool) -> None:
+def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_rollback: bool, plain_http: bool, evidence_only: bool) -> None:
     """Pull SRC (bundle://HOST/REPO:TAG), verify it, check it as `run` would and unpack it into DEST with its evidence.
 
     The KServe storage-initializer contract: two arguments, everything else from the environment. Any refusal
@@ -105,6 +111,10 @@ def fetch(store: Store, src: str, dest: str, key_paths: tuple[str, ...], allow_r
     from bundler.verbs.fetch import fetch as do_fetch
 
     for tick in progress():
-        result = do_fetch(store, src, Path(dest), trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick)
-    click.echo(f"fetched {result.ref} into {result.dest}: {result.files} files, signed by {result.signer}, tokenizer {result.fingerprint}")
+        result = do_fetch(store, src, Path(dest), trusted(key_paths), plain_http=plain_http, allow_rollback=allow_rollback, progress=tick,
+                          evidence_only=evidence_only)
+    if evidence_only:
+        click.echo(f"fetched the evidence of {result.ref} into {result.dest}, signed by {result.signer}")
+    else:
+        click.echo(f"fetched {result.ref} into {result.dest}: {result.files} files, signed by {result.signer}, tokenizer {result.fingerprint}")
     click.echo(result.digest)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DRAFT_FREE_METHODS", "KITFILE_NAMES", "Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "pickle_files", "runner_params", "with_speculative"]
+__all__ = ["DRAFT_FREE_METHODS", "KITFILE_NAMES", "Kitfile", "LayerSpec", "MODEL_ROLES", "kitfile_from_data", "load_kitfile", "parse_kitfile", "pickle_files", "runner_params", "with_speculative"]
 
 import json
 import os

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BlobSource", "HashingReader", "LayerScan", "TOKENIZER_FILES", "scan_layer"]
+__all__ = ["BlobSource", "HashingReader", "LayerScan", "TOKENIZER_FILES", "merge_scans", "scan_layer"]
 
 import hashlib
 import posixpath
@@ -12,7 +12,7 @@ from typing import BinaryIO, Protocol
 
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor
-from bundler.format.tarread import iter_layer
+from bundler.format.modelpack import layer_members
 
 CHUNK = 1 << 20
 # Files whose content decides token ids; hashed even when no signature lists them.
@@ -70,7 +70,7 @@ def scan_layer(store: BlobSource, desc: Descriptor, layer_path: str) -> LayerSca
     with open(path, "rb") as raw:
         reader = HashingReader(raw)
         try:
-            for member, content in iter_layer(reader, layer_path):
+            for member, content in layer_members(reader, desc, layer_path):
                 if member.kind == "dir":
                     scan.dirs.append(member.name)
                     continue
@@ -97,3 +97,20 @@ def _mismatch(desc: Descriptor, layer_path: str, reader: HashingReader) -> Bundl
     if reader.count != desc.size:
         return BundleError("digest-mismatch", f"layer {layer_path} ({desc.digest[:19]}…): {reader.count} bytes, descriptor says {desc.size}")
     return BundleError("digest-mismatch", f"layer {layer_path}: sha256 is sha256:{reader.hash.hexdigest()[:12]}…, descriptor says {desc.digest[:19]}…")
+
+
+def merge_scans(scans: list[tuple[str, str, LayerScan]]) -> dict[str, LayerScan]:
+    """(entry path, what to call the layer, its scan) of every layer -> one scan per Kitfile entry (a ModelPack
+    entry has a layer per file); a file in two layers is refused (unsafe-archive), as one tar may not hold it twice."""
+    seen: dict[str, str] = {}
+    merged: dict[str, LayerScan] = {}
+    for entry, shown, scan in scans:
+        for name in [*scan.files, *scan.dirs]:
+            if name in scan.files and name in seen:
+                raise BundleError("unsafe-archive", f"file {name!r} is in two layers ({seen[name]} and {shown})")
+            seen.setdefault(name, shown)
+        into = merged.setdefault(entry, LayerScan())
+        into.files.update(scan.files)
+        into.dirs.extend(scan.dirs)
+        into.small_hashes.update(scan.small_hashes)
+    return merged

@@ -311,6 +311,7 @@ def _extract_file(parent_fd: int, base: str, member: TarMember, content: BinaryI
 def extract_layer(
     stream: BinaryIO, layer_path: str, dest: Path, expected: Mapping[str, str] | None = None,
     in_place: Callable[[TarMember], bool] | None = None,
+    members: Iterator[tuple[TarMember, BinaryIO | None]] | None = None,
 ) -> list[FileRecord]:
     """Safely extract a layer into `dest` (which must exist); returns the files written, in archive order.
 
@@ -321,7 +322,8 @@ def extract_layer(
     written (extra-file); files listed but absent are the caller's to check, across all layers.
     `in_place`: called with each regular file (once it passed those checks); True leaves it unwritten, its
     bytes where they are in the layer (`member.offset_data`, `member.size`), unread on a seekable stream;
-    checking them is then the caller's job.
+    checking them is then the caller's job. `members`: the entries to write instead of the tar's (a ModelPack
+    raw layer is one file, bundler.format.modelpack.layer_members), each written with the same care.
     """
     dest = Path(dest)
     if not dest.is_dir():
@@ -329,7 +331,7 @@ def extract_layer(
     root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     records: list[FileRecord] = []
     try:
-        for member, content in iter_layer(stream, layer_path):
+        for member, content in members if members is not None else iter_layer(stream, layer_path):
             want = None
             if expected is not None and member.kind == "file":
                 want = expected.get(member.name)

@@ -10,7 +10,7 @@ times, uid 1000, gid 0, no user or group names). Modes are normalised to 0644/07
 
 from __future__ import annotations
 
-__all__ = ["LayerResult", "encode_header", "write_layer"]
+__all__ = ["LayerResult", "encode_header", "layer_files", "write_layer"]
 
 import functools
 import hashlib
@@ -297,6 +297,12 @@ def _plan(context: Path, rel: str, exclude: Sequence[str]) -> list[_Entry]:
     else:
         visit("", context)
     return entries
+
+
+def layer_files(context: Path, path: str, exclude: Sequence[str] = ()) -> list[tuple[str, Path]]:
+    """(name, path on disk) of every regular file `write_layer` would put in the layer of entry `path`, in
+    its order, checked the same way (a link or special file anywhere is refused before anything is read)."""
+    return [(e.name, e.path) for e in _plan(Path(context), normalise_layer_path(path), exclude) if not e.is_dir]
 
 
 class _Sink:

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import requests
 import urllib3
@@ -35,7 +35,8 @@ from bundler.registry.client import (
 )
 from bundler.store.layout import MAX_JSON_BLOB, Store
 from bundler.store.refs import Ref
-from bundler.trust import recordlimits, releases
+from bundler.store.referrers import is_attestation
+from bundler.trust import attestation, recordlimits, releases
 from bundler.trust.releases import ROLLBACK_STATE
 from bundler.trust.verify import MAX_SIGNATURES, signed_before_download, verify_bundle
 from core.errors import BundleError
@@ -56,6 +57,7 @@ class PullResult:
     records: list[str] = field(default_factory=list)  # run record manifest digests carried (verified by `bundle attestations`)
     signature_kinds: list[str] = field(default_factory=list)  # the kinds that verified: model-signing, cosign
     records_dropped: int = 0  # records the registry listed beyond what the store keeps (bundler.trust.recordlimits)
+    attestations: list[str] = field(default_factory=list)  # standard attestations kept: those a trusted key signed
 
 
 def _get_manifest(client: Client, reference: str, what: str, expect: str | None = None) -> tuple[bytes, str, str]:
@@ -318,6 +320,7 @@ class _Remote:
     sig_layers: dict[str, str]  # signature manifest digest -> its Sigstore bundle blob digest
     records: Records
     bundle_blobs: set[str]  # the manifest, config, layers and signature blobs
+    attestations: list[tuple[Descriptor, bytes]] = field(default_factory=list)  # SBOM, provenance manifests (bundler.trust.attestation)
 
     @property
     def manifest_desc(self) -> Descriptor:
@@ -334,8 +337,10 @@ def pull(
     progress: Progress | None = None,
     allow_rollback: bool = False,
     allow_ref_mismatch: bool = False,
+    require_attestations: tuple[str, ...] = (),
 ) -> PullResult:
-    """Download `ref` with its signatures, verify it apart from the store, then add it and tag it `ref`."""
+    """Download `ref` with its signatures and attestations, verify it apart from the store (with the
+    `require_attestations` kinds attached and signed by a trusted key), then add it and tag it `ref`."""
     client = client_for(ref, plain_http)
     remote = _listing(client, ref)
     downloader = _Downloader(client, store, progress)
@@ -356,21 +361,22 @@ def pull(
     try:
         _assemble(tmp, store, ref, remote, downloader.files)
         report = verify_bundle(tmp, ref, trusted, allow_unsigned=allow_unsigned, record=True, allow_rollback=allow_rollback,
-                               allow_ref_mismatch=allow_ref_mismatch)
+                               allow_ref_mismatch=allow_ref_mismatch, require_attestations=require_attestations)
         if report.error is not None:
             downloader.discard()  # bad content or a bad signature: nothing of it is worth keeping for a retry
             raise report.error
         records, dropped_records = _bounded_records(store, tmp, remote.digest, remote.records, trusted,
                                                     remote.bundle_blobs | {d.digest for d, _ in remote.signatures})
         signatures = _verified_signatures(tmp, remote, report.verified_signatures)
-        _commit(store, tmp, ref, remote.manifest_desc, signatures, records)
+        attested = _verified_attestations(tmp, remote, trusted)
+        _commit(store, tmp, ref, remote.manifest_desc, signatures, records, attested)
         for path in downloader.fetched:
             path.unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp.root, ignore_errors=True)
     return PullResult(str(ref), remote.digest, downloader.downloaded, downloader.reused, downloader.bytes, report.signer,
                       [d.digest for d, _ in signatures], [d.digest for d, _, _ in records],
-                      sorted({s["kind"] for s in report.signatures if s["verified"]}), dropped_records)
+                      sorted({s["kind"] for s in report.signatures if s["verified"]}), dropped_records, [d.digest for d, _ in attested])
 
 
 def _listing(client: Client, ref: Ref) -> _Remote:
@@ -389,7 +395,10 @@ def _listing(client: Client, ref: Ref) -> _Remote:
     bundle_blobs = {digest} | {d.digest for d, _ in blobs + meta}
     records = remote_records(client, digest)
     blobs += [(d, f"run record {d.digest[7:19]}") for _, _, record_blobs in records for d in record_blobs]
-    return _Remote(digest, manifest_bytes, blobs, meta, signatures, sig_layers, records, bundle_blobs)
+    # Attestations share the signatures' artifactType (cosign 3): told apart by their predicate type annotation.
+    attested = [(d, data) for d, data in signatures if is_attestation(boundedjson.loads(data, "signature"))]
+    signatures = [s for s in signatures if s not in attested]
+    return _Remote(digest, manifest_bytes, blobs, meta, signatures, sig_layers, records, bundle_blobs, attested)
 
 
 def _signature_candidates(
@@ -402,7 +411,7 @@ def _signature_candidates(
     sig_blobs: list[tuple[Descriptor, str]] = []
     # At most MAX_SIGNATURES candidates of each kind (model-signing, cosign-style): anyone able to attach
     # referrers can attach thousands.
-    for sig in referrers(client, digest)[:2 * MAX_SIGNATURES]:
+    for sig in referrers(client, digest)[:2 * MAX_SIGNATURES]:  # attestations (cosign 3: the same artifactType) included
         found = _referrer_manifest(client, sig, f"signature {sig.digest[:19]}…")
         if found is None:
             continue
@@ -432,10 +441,10 @@ def _assemble(tmp: Store, store: Store, ref: Ref, remote: _Remote, files: Mappin
     tmp.ensure()
     for blob_digest, path in files.items():
         _place(path, tmp.blob_path(blob_digest))
-    for data in [remote.manifest] + [d for _, d in remote.signatures] + [d for _, d, _ in remote.records]:
+    for data in [remote.manifest] + [d for _, d in remote.signatures + remote.attestations] + [d for _, d, _ in remote.records]:
         tmp.blob_path(sha256_digest(data)).write_bytes(data)
     tmp.tag(ref, remote.manifest_desc)
-    for sig_desc, _ in remote.signatures:
+    for sig_desc, _ in remote.signatures + remote.attestations:
         tmp.add_untagged(sig_desc, SIG_TYPE)
     tmp.write_state(ROLLBACK_STATE, store.state(ROLLBACK_STATE))
 
@@ -451,8 +460,19 @@ def _verified_signatures(tmp: Store, remote: _Remote, verified: list[str]) -> li
     return signatures
 
 
+def _verified_attestations(tmp: Store, remote: _Remote, trusted: Mapping[str, Any]) -> list[tuple[Descriptor, bytes]]:
+    """Only the attestations a trusted key signed are kept; the blobs of the others leave `tmp`."""
+    held = {c.digest for c in attestation.attestation_checks(tmp, remote.digest, trusted) if c.verified}
+    kept = [(d, data) for d, data in remote.attestations if d.digest in held]
+    needed = {d.digest for d, _ in remote.signatures + kept} | {remote.sig_layers[d.digest] for d, _ in remote.signatures + kept}
+    for desc, _ in remote.attestations:
+        for blob in {desc.digest, remote.sig_layers[desc.digest]} - needed - {remote.digest}:
+            tmp.blob_path(blob).unlink(missing_ok=True)
+    return kept
+
+
 def _commit(store: Store, tmp: Store, ref: Ref, manifest_desc: Descriptor, signatures: list[tuple[Descriptor, bytes]],
-            records: Records) -> None:
+            records: Records, attested: Sequence[tuple[Descriptor, bytes]] = ()) -> None:
     """Under the store lock: `tmp`'s blobs moved in (read-only), the signatures and records listed, `ref`
     tagged, and the release memory merged with what the verification recorded."""
     with store.lock():
@@ -461,7 +481,7 @@ def _commit(store: Store, tmp: Store, ref: Ref, manifest_desc: Descriptor, signa
             if not (blob_dir / path.name).exists():
                 os.chmod(path, 0o444)
                 _place(path, blob_dir / path.name)
-        for sig_desc, _ in signatures:
+        for sig_desc, _ in [*signatures, *attested]:
             store.add_untagged(sig_desc, SIG_TYPE)
         for record_desc, _, _ in records:
             store.add_untagged(record_desc, mediatypes.RUN_RECORD)

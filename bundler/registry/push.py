@@ -28,7 +28,7 @@ from bundler.format.mediatypes import OCI_INDEX, OCI_MANIFEST
 from bundler.registry.client import READ, SIG_TYPE, Client, Progress, client_for, fallback_tag, redact, run_all
 from bundler.store.layout import Store
 from bundler.store.modelkit import load_modelkit
-from bundler.store.referrers import damaged_signatures, find_legacy_signatures, find_signatures
+from bundler.store.referrers import damaged_signatures, find_attestations, find_legacy_signatures, find_signatures
 from bundler.store.refs import Ref
 from bundler.trust import cosign, recordlimits, runrecord
 from core.errors import BundleError
@@ -47,6 +47,7 @@ class PushResult:
     signatures: list[str]  # signature manifest digests pushed
     referrers: str  # "api" when the registry indexes subjects itself, "tag" when we wrote the fallback index, "" if unsigned
     records: list[str] = field(default_factory=list)  # run record manifest digests pushed (bundler.trust.runrecord)
+    attestations: list[str] = field(default_factory=list)  # SBOM and provenance manifest digests pushed (bundler.trust.attestation)
 
 
 class _Chunk:
@@ -210,7 +211,9 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
     blobs += [(desc, f"{spec.path} {desc.digest[7:19]}") for spec, desc in mk.layers]
     sigs: list[tuple[Descriptor, bytes, dict[str, Any]]] = []
     found = find_signatures(store, mk.digest)
-    for sig_desc, _ in found:
+    # Attestations travel as cosign 3 pushes them, beside the signatures; a damaged one stays behind.
+    attested = [(desc, data) for desc, _, data in find_attestations(store, mk.digest) if data is not None]
+    for sig_desc, _ in found + attested:
         data, sig_manifest = store.read_json_blob(sig_desc)
         sigs.append((sig_desc, data, sig_manifest))
         for item in [sig_manifest["config"], *sig_manifest["layers"]]:  # both read intact by find_signatures
@@ -242,8 +245,10 @@ def push(store: Store, ref: Ref, *, plain_http: bool = False, progress: Progress
     for _, data, _ in legacy[-1:]:  # the tag holds one image
         _put_manifest(client, cosign.legacy_tag(mk.digest), data, OCI_MANIFEST, "push of the cosign .sig tag")
     push_records(client, mk.digest, records)
-    return PushResult(str(ref), mk.digest, uploader.uploaded, uploader.skipped, uploader.bytes, [s[0].digest for s in sigs], mode,
-                      [desc.digest for desc, _, _ in records])
+    attested_digests = {desc.digest for desc, _ in attested}
+    return PushResult(str(ref), mk.digest, uploader.uploaded, uploader.skipped, uploader.bytes,
+                      [s[0].digest for s in sigs if s[0].digest not in attested_digests], mode,
+                      [desc.digest for desc, _, _ in records], sorted(attested_digests))
 
 
 # run records (bundler.trust.runrecord): carried like signatures, by the referrers API or the fallback tag.

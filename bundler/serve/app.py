@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 from bundler.serve import answers
 from bundler.serve import openai_requests as serve_requests
 from bundler.serve.api_error import ApiError
-from bundler.serve.api_key import AUTHENTICATED, OPEN_PROBE_PATHS, ApiKeyMiddleware
+from bundler.serve.api_key import METRICS_AUTHENTICATED, OPEN_PROBE_PATHS, ApiKeyMiddleware
 from bundler.serve.lifecycle import Ready, Serving
 from bundler.serve.request_guard import RequestGuard
 
@@ -51,7 +51,7 @@ def build_app(serving: Serving) -> ASGIApp:
     settings = serving.settings
     digest = lambda: serving.ready.info["digest"] if serving.ready is not None else None  # noqa: E731
     return ApiKeyMiddleware(RequestGuard(app, settings.limits, on_refused=refused), digest, settings.api_key,
-                            OPEN_PROBE_PATHS if settings.open_probes else ())
+                            OPEN_PROBE_PATHS if settings.open_probes else (), metrics_key=settings.metrics_key)
 
 
 def _loaded(serving: Serving) -> Ready:
@@ -97,7 +97,8 @@ def _add_probe_routes(app: FastAPI, serving: Serving) -> None:
     async def metrics(request: Request) -> Response:
         ready = _loaded(serving)
         ready.metrics.queue_depth.set(ready.requests.jobs.qsize())
-        return Response(ready.metrics.exposition(bool(request.scope.get(AUTHENTICATED))), media_type=CONTENT_TYPE_LATEST)
+        # The prompt cache's figures only to the metrics credential: every client holds the API key (docs/security.md).
+        return Response(ready.metrics.exposition(bool(request.scope.get(METRICS_AUTHENTICATED))), media_type=CONTENT_TYPE_LATEST)
 
 
 def _model_card(ready: Ready, name: str) -> dict[str, Any]:
@@ -142,8 +143,9 @@ def _add_completion_routes(app: FastAPI, serving: Serving) -> None:
         """The checked request and its prompt ids (parsing, tokenizing, the chat template): run in a thread."""
         req = serve_requests.parse_request(serve_requests.parse_body(raw), chat=chat, max_new_tokens=SERVE_MAX_NEW_TOKENS,
                                            default_max_tokens=DEFAULT_MAX_TOKENS if chat else 16)
-        serve_requests.check_prompt_bytes(req, ready.prompt_bytes, SERVE_PROMPT_TOKENS)
-        return req, serve_requests.prompt_ids(ready.loaded.pair, req, SERVE_PROMPT_TOKENS)
+        limit = serve_requests.prompt_token_limit(ready.loaded.pair, SERVE_PROMPT_TOKENS)  # the model's window bounds it too
+        serve_requests.check_prompt_bytes(req, ready.prompt_bytes, limit)
+        return req, serve_requests.prompt_ids(ready.loaded.pair, req, limit)
 
     async def answer(request: Request, chat: bool) -> Response:
         ready = _loaded(serving)

@@ -23,7 +23,6 @@ __all__ = ["BatchWorker"]
 
 import collections
 import queue
-import time
 from typing import Any
 
 from core.errors import BundleError
@@ -63,12 +62,11 @@ class BatchWorker:
         requests.metrics.sequences.set(sized.sequences)
 
     def live(self) -> dict[str, Any]:
-        """Figures for the status page."""
+        """Figures for the status page (not the prompt cache's fill: only the metrics credential sees it, bundler.serve.metrics)."""
         recent = list(self.recent_batches)
-        cache = self.generator.prompt_cache
         return {"active_sequences": len(self.live_jobs), "sequences": self.sequences,
                 "batch_size": sum(recent) / len(recent) if recent else None,
-                "prompt_cache_bytes": cache.size if cache else 0, "prompt_cache_limit_bytes": self.sized.prompt_cache_bytes}
+                "prompt_cache_limit_bytes": self.sized.prompt_cache_bytes}
 
     def work(self) -> None:
         """Until serve stops the requests: admit, step, finish; then the active requests are finished."""

@@ -26,7 +26,7 @@ class Ready:
     worker: Worker
     metrics: Metrics
     info: dict[str, str]  # ref, digest, signer, tokenizer_fingerprint, engine, dtype (specbundle_bundle_info's labels)
-    prompt_bytes: int | None = None  # bytes past which a prompt is refused untokenized (openai_requests.prompt_byte_limit)
+    prompt_bytes: int | None = None  # bytes past which a prompt is refused untokenized (runner.checks.context_window.prompt_byte_limit)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod

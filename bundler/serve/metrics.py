@@ -5,8 +5,9 @@ Counters are exported, ratios are not (they cannot be summed across replicas): P
 (docs/serving.md). The one gauge that is a ratio, the recent window /health judges, is named `_ratio`.
 
 The prompt cache's figures (cached prompt tokens, the cache's bytes) go in a registry of their own, shown only
-to a scrape that carries the API key: a counter of cached tokens tells whoever reads it, exactly, whether
-another client's prompt began as theirs did (docs/security.md).
+to a scrape that carries the separate metrics credential (`serve --metrics-key-file`; without one, to no
+scrape): a counter of cached tokens tells whoever reads it, exactly, whether another client's prompt began as
+theirs did, and every client holds the API key (docs/security.md).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def dtype_name(dtype: Any) -> str:
 
 class Metrics:
     """The server's metrics in registries of their own (so a test process can hold several): `registry` for
-    every scrape, `private` added for a scrape that carries the API key."""
+    every scrape, `private` added for a scrape that carries the metrics credential."""
 
     def __init__(self, info: Mapping[str, str]):
         self.registry = r = CollectorRegistry()
@@ -94,10 +95,11 @@ class Metrics:
         self.prompt_cache = Gauge("specbundle_prompt_cache_bytes", "Host memory the prompt cache's copies of cache cells take.",
                                   registry=p)
 
-    def exposition(self, authenticated: bool) -> bytes:
-        """The text format of a scrape: the private registry only for a scrape that carried the API key."""
+    def exposition(self, private: bool) -> bytes:
+        """The text format of a scrape: the private registry only for a scrape that carried the metrics credential
+        (bundler.serve.api_key.METRICS_AUTHENTICATED)."""
         text = generate_latest(self.registry)
-        return text + generate_latest(self.private) if authenticated else text
+        return text + generate_latest(self.private) if private else text
 
     def count_request(self, status: str, prompt_tokens: int, tokens: int, stats: Mapping[str, Any],
                       positions: Mapping[str, list[int]]) -> None:

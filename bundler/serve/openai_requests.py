@@ -3,14 +3,16 @@ measured and turned into ids. A request that fails here is a 400 and never reach
 
 What a body may be: UTF-8 (no lone surrogates, escaped or not), JSON nesting at most MAX_DEPTH deep, finite
 numbers, integers within the ranges below, the fields OpenAI names with the types OpenAI documents. A prompt
-is measured in bytes before it is tokenized: no prompt longer than the context can hold is tokenized at all.
+is measured in bytes before it is tokenized: no prompt longer than the context can hold is tokenized at all;
+its ids and max_tokens together fit the model's own window (its config's or GGUF header's), whatever the server
+was sized for.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CompletionRequest", "DEFAULT_MAX_BODY", "check_prompt_bytes", "parse_body", "parse_request",
-    "prompt_byte_limit", "prompt_ids",
+    "prompt_ids", "prompt_token_limit",
 ]
 
 import json
@@ -186,29 +188,11 @@ def _messages(messages: Any) -> list[dict[str, str]]:
 
 
 # -- the prompt, measured then tokenized (off the event loop: the caller runs prompt_ids in a thread) --------
-def longest_token_bytes(tokenizer: Any) -> int | None:
-    """The UTF-8 length of the tokenizer's longest token (its vocabulary as written), or None when the
-    tokenizer does not show its vocabulary."""
-    backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "backend_tokenizer", None)
-    tokens: Any = None
-    if backend is not None and hasattr(backend, "get_vocab"):
-        tokens = backend.get_vocab(with_added_tokens=True)
-    elif isinstance(getattr(tokenizer, "metadata", None), Mapping):  # a GGUF file's tokenizer (runner.gguf_run)
-        tokens = tokenizer.metadata.get("tokenizer.ggml.tokens")
-    elif hasattr(tokenizer, "get_vocab"):
-        tokens = tokenizer.get_vocab()
-    if not tokens:
-        return None
-    return max(len(str(t).encode("utf-8", "replace")) for t in tokens)
-
-
-def prompt_byte_limit(tokenizer: Any, max_prompt_tokens: int) -> int | None:
-    """Bytes past which a prompt is refused untokenized: the longest token x the tokens allowed (None when the
-    vocabulary cannot be read). A byte-level BPE token (SmolLM, Llama 3, Qwen) covers at most its own length,
-    so no prompt over it fits; with a tokenizer that drops text (normalizers, whitespace splitting) a prompt
-    over it might, if most of it were dropped: refused all the same, by policy (docs/security.md, "serve")."""
-    longest = longest_token_bytes(tokenizer)
-    return None if longest is None else longest * max_prompt_tokens
+def prompt_token_limit(pair: LoadedPair, cap: int) -> int:
+    """The most tokens a prompt may have on this pair: `cap` (what the server was sized for), and at most the
+    model's own window less one token to generate (runner.checks.context_window)."""
+    window = pair.context_window
+    return cap if window is None else max(1, min(cap, window - 1))
 
 
 def check_prompt_bytes(request: CompletionRequest, byte_limit: int | None, max_prompt_tokens: int) -> None:
@@ -233,4 +217,8 @@ def prompt_ids(pair: LoadedPair, request: CompletionRequest, max_prompt_tokens: 
     if len(ids) > max_prompt_tokens:
         raise ApiError(400, f"the prompt has {len(ids)} tokens; this server takes at most {max_prompt_tokens}",
                        param="prompt", code="context_length_exceeded")
+    window = pair.context_window
+    if window is not None and len(ids) + request.max_tokens > window:
+        raise ApiError(400, f"this model's maximum context length is {window} tokens; the prompt has {len(ids)} and "
+                       f"max_tokens asks {request.max_tokens} more", param="max_tokens", code="context_length_exceeded")
     return ids

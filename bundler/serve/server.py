@@ -21,6 +21,7 @@ from bundler.serve.settings import BatchSettings, ServeSettings
 from bundler.serve.sources import Loaded, Source
 from bundler.serve.worker import OnRecord, Requests, SerialWorker, Worker
 from bundler.trust.verify import VerifyReport
+from runner.checks.context_window import prompt_byte_limit
 from runner.pair import LoadedPair
 
 DRAIN_LIMIT_S = 60  # open requests finish within this after SIGTERM
@@ -83,7 +84,7 @@ def _ready(serving: Serving, loaded: Loaded, on_record: RecordFactory | None) ->
     requests = Requests(loaded.pair, metrics, settings.max_queue, on_record=record)
     batch = dataclasses.replace(settings.batch, memory_budget=settings.load.memory_budget, runs=loaded.runs)
     worker = make_worker(requests, batch)
-    prompt_bytes = openai_requests.prompt_byte_limit(loaded.pair.tokenizer, SERVE_PROMPT_TOKENS)
+    prompt_bytes = prompt_byte_limit(loaded.pair.tokenizer, openai_requests.prompt_token_limit(loaded.pair, SERVE_PROMPT_TOKENS))
     return Ready(loaded, requests, worker, metrics, info, prompt_bytes=prompt_bytes)
 
 

@@ -46,6 +46,7 @@ class ServeSettings:
     port: int = described(8000, "Port to listen on.")
     api_key: str | None = None  # clients send `Authorization: Bearer <key>`; None: no key asked
     open_probes: bool = False  # /health, /livez and /metrics answer without the key (/metrics then without the prompt cache's figures)
+    metrics_key: str | None = None  # a /metrics scrape with `Bearer <metrics key>` also gets the prompt cache's figures; None: none does
     served_model_name: str | None = None  # a name the model also answers to (KServe's InferenceService name)
     max_queue: int = described(16, "Requests that may wait; more answer 429.")
     # A request's, queue included; also the worker's stall limit (/livez).

@@ -61,11 +61,13 @@ class StoreSource:
 class DirSource:
     """A directory `bundle fetch` filled, checked against its evidence (bundler.verbs.fromdir.loaded_dir);
     expect: the reference or digest it must hold (None: any the trusted keys signed); store: whose release
-    memory refuses a rollback (None: none kept)."""
+    memory refuses a rollback (None: none kept); evidence: where the manifest, config and signature lie when
+    not in root/.specbundle (an image volume beside `fetch --evidence-only`'s output)."""
 
     root: Path
     expect: Expected | None = None
     store: Store | None = None
+    evidence: Path | None = None
 
     def name(self) -> str:
         return str(self.root)
@@ -74,5 +76,5 @@ class DirSource:
     def load(self, trusted: Mapping[str, Any], context: tuple[int, int], options: LoadOptions) -> Iterator[Loaded]:
         from bundler.verbs.fromdir import loaded_dir
 
-        with loaded_dir(self.root, trusted, context, expect=self.expect, store=self.store, **options.as_kwargs()) as (pair, info, checks):
+        with loaded_dir(self.root, trusted, context, expect=self.expect, store=self.store, evidence=self.evidence, **options.as_kwargs()) as (pair, info, checks):
             yield Loaded(pair, info, list(checks))

@@ -1,4 +1,9 @@
-"""Read a ModelKit from the store: manifest -> config -> Kitfile and the layer of each entry."""
+"""Read a bundle from the store: manifest -> config -> Kitfile and the layer(s) of each entry.
+
+Two formats: a KitOps ModelKit (one tar layer per Kitfile entry, the Kitfile in the config) and a CNCF
+ModelPack (one file or tree per layer, placed by its path: bundler.format.modelpack), told apart by the
+manifest's artifactType. Both give the same ModelKit value, so every check reads them alike.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,10 @@ from typing import Any
 from core.errors import BundleError
 from bundler.format.kitfile import Kitfile, LayerSpec, kitfile_from_data
 from bundler.format.manifest import Descriptor, parse_descriptor
-from bundler.format.mediatypes import MODELKIT_CONFIG, OCI_MANIFEST, layer_kind
+from bundler.format.mediatypes import MODELKIT_CONFIG, MODELPACK_CONFIG, OCI_MANIFEST, layer_kind
+from bundler.format.modelpack import is_modelpack, layer_members, read_modelpack
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
-from bundler.format.tarread import iter_layer
 
 _LAYER_INFO = ("digest", "diffId")
 
@@ -29,11 +34,16 @@ class ModelKit:
     config_desc: Descriptor
     config: dict[str, Any]
     kitfile: Kitfile
-    layers: list[tuple[LayerSpec, Descriptor]]
+    layers: list[tuple[LayerSpec, Descriptor]]  # a ModelPack entry may have several (FileLayer descriptors)
 
     @property
     def digest(self) -> str:
         return self.manifest_desc.digest
+
+    @property
+    def format(self) -> str:
+        """`modelkit` or `modelpack`."""
+        return "modelpack" if is_modelpack(self.manifest) else "modelkit"
 
 
 def strip_layer_info(config: Any) -> Any:
@@ -77,6 +87,8 @@ def load_modelkit(store: Store, ref: Ref) -> ModelKit:
     if not isinstance(manifest, dict) or manifest.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST or manifest.get("schemaVersion") != 2:
         raise BundleError("invalid-bundle", f"{ref}: not an OCI image manifest")
     config_desc = parse_descriptor(manifest.get("config"), f"{ref} manifest config")
+    if is_modelpack(manifest):
+        return _load_modelpack(store, ref, desc, manifest, config_desc)
     if config_desc.media_type != MODELKIT_CONFIG:
         raise BundleError("invalid-bundle", f"{ref}: config media type {config_desc.media_type!r} is not a ModelKit config")
     _, config = store.read_json_blob(config_desc)
@@ -109,6 +121,13 @@ def load_modelkit(store: Store, ref: Ref) -> ModelKit:
     return ModelKit(ref, desc, manifest, config_desc, config, kitfile, layers)
 
 
+def _load_modelpack(store: Store, ref: Ref, desc: Descriptor, manifest: dict[str, Any], config_desc: Descriptor) -> ModelKit:
+    if config_desc.media_type != MODELPACK_CONFIG:
+        raise BundleError("invalid-bundle", f"{ref}: config media type {config_desc.media_type!r} is not a ModelPack config")
+    _, config = store.read_json_blob(config_desc)
+    kitfile, layers = read_modelpack(manifest, config, str(ref))
+    return ModelKit(ref, desc, manifest, config_desc, config, kitfile, list(layers))
+
 
 def file_hashes(store: Store, mk: ModelKit) -> tuple[dict[str, str], dict[str, str]]:
     """(path -> sha256, path -> role) of every file in the bundle, read from its layers."""
@@ -116,7 +135,7 @@ def file_hashes(store: Store, mk: ModelKit) -> tuple[dict[str, str], dict[str, s
     roles: dict[str, str] = {}
     for spec, desc in mk.layers:
         with open(store.blob_path(desc.digest), "rb") as f:
-            for member, content in iter_layer(f, spec.path):
+            for member, content in layer_members(f, desc, spec.path):
                 if member.kind != "file" or content is None:
                     continue
                 h = hashlib.sha256()

@@ -1,11 +1,13 @@
-"""Artifacts in the store whose subject is a bundle (signatures, run records): the one writer of such an
-artifact, and the one reader of each kind for verify, sign, push, pull, list, inspect and the run records (a
-damaged signature counts as none; `damaged_signatures` names it)."""
+"""Artifacts in the store whose subject is a bundle (signatures, standard attestations, run records): the one
+writer of such an artifact, and the one reader of each kind for verify, sign, push, pull, list, inspect and the
+run records (a damaged signature counts as none; `damaged_signatures` names it). Signatures and attestations
+share the Sigstore bundle artifactType, as cosign 3 writes both; an attestation's manifest names its predicate
+type (mediatypes.ATTESTATION_PREDICATES) in an annotation, and is never taken for a signature."""
 
 from __future__ import annotations
 
 __all__ = [
-    "damaged_signatures", "find_legacy_signatures", "find_records", "find_signatures", "signature_artifacts",
+    "damaged_signatures", "find_attestations", "find_legacy_signatures", "is_attestation", "find_records", "find_signatures", "signature_artifacts",
     "stage_artifact",
 ]
 
@@ -15,7 +17,9 @@ from typing import Any, Iterator, Mapping
 from bundler.format import boundedjson
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor, go_json, parse_descriptor
-from bundler.format.mediatypes import OCI_EMPTY, OCI_MANIFEST, RUN_RECORD, SIGSTORE_BUNDLE, SIMPLE_SIGNING
+from bundler.format.mediatypes import (
+    ATTESTATION_PREDICATES, OCI_EMPTY, OCI_MANIFEST, PREDICATE_TYPE_ANNOTATION, RUN_RECORD, SIGSTORE_BUNDLE, SIMPLE_SIGNING,
+)
 from bundler.store.layout import MAX_JSON_BLOB, Staging, Store
 
 EMPTY_CONFIG = b"{}"  # the blob of an OCI_EMPTY config: an artifact manifest must still name a config
@@ -45,6 +49,13 @@ def _subject_of(manifest: Any) -> str | None:
     """The digest a manifest names as its subject, or None."""
     subject = manifest.get("subject") if isinstance(manifest, dict) else None
     return subject.get("digest") if isinstance(subject, dict) and isinstance(subject.get("digest"), str) else None
+
+
+def is_attestation(manifest: Any) -> str | None:
+    """The attestation predicate type a Sigstore bundle artifact's manifest annotates, or None (a signature)."""
+    annotations = manifest.get("annotations") if isinstance(manifest, dict) else None
+    value = annotations.get(PREDICATE_TYPE_ANNOTATION) if isinstance(annotations, dict) else None
+    return value if value in ATTESTATION_PREDICATES else None
 
 
 def _artifacts(store: Store, artifact_type: str) -> Iterator[tuple[Descriptor, bytes | None, Any]]:
@@ -101,7 +112,7 @@ def signature_artifacts(store: Store) -> Iterator[tuple[Descriptor, str, bytes]]
     """Every readable signature artifact in the store: (its descriptor, its subject's digest, its Sigstore bundle bytes)."""
     for desc, data, manifest in _artifacts(store, SIGSTORE_BUNDLE):
         subject = _subject_of(manifest)
-        if data is None or subject is None:
+        if data is None or subject is None or is_attestation(manifest):
             continue  # a damaged signature artifact counts as no signature; verify then says so
         try:
             bundle = _signature_parts(store, desc, manifest)
@@ -121,7 +132,7 @@ def damaged_signatures(store: Store, subject_digest: str) -> list[str]:
         if data is None:
             out.append(desc.digest)
             continue
-        if _subject_of(manifest) != subject_digest:
+        if _subject_of(manifest) != subject_digest or is_attestation(manifest):
             continue
         try:
             _signature_parts(store, desc, manifest)
@@ -147,3 +158,20 @@ def find_records(store: Store, subject_digest: str) -> list[Descriptor]:
 
     A manifest that cannot be read is still listed, so that its damage is reported rather than hidden."""
     return [desc for desc, data, manifest in _artifacts(store, RUN_RECORD) if data is None or _subject_of(manifest) == subject_digest]
+
+
+def find_attestations(store: Store, subject_digest: str) -> list[tuple[Descriptor, str, bytes | None]]:
+    """The standard attestations of `subject_digest` in the store (not yet verified: bundler.trust.attest checks
+    them): (descriptor, the predicate type its manifest annotates, its Sigstore bundle bytes, or None when a blob
+    of it is missing or changed, or it is not shaped like one)."""
+    out: list[tuple[Descriptor, str, bytes | None]] = []
+    for desc, data, manifest in _artifacts(store, SIGSTORE_BUNDLE):
+        kind = is_attestation(manifest) if data is not None else None
+        if kind is None or _subject_of(manifest) != subject_digest:
+            continue
+        try:
+            bundle = _signature_parts(store, desc, manifest)
+        except _Damaged:
+            bundle = None
+        out.append((desc, kind, bundle))
+    return out

@@ -1,4 +1,9 @@
-"""References: NAME[:TAG] or NAME@sha256:<hex>, NAME optionally starting with a registry host."""
+"""References: NAME[:TAG] or NAME@sha256:<hex>, NAME optionally starting with a registry host.
+
+A reference with both, NAME:TAG@sha256:<hex>, has one meaning everywhere (verify, pull, fetch, unpack, run,
+serve and serve --expect, and the admission policies): the digest names the content, and the tag is checked
+too: the repository's last component must be the signed name and a version tag (`Ref.version`) the signed
+version, else signature-mismatch. The tag is never dropped in silence (docs/registries.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ _NAME = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 _HOST = re.compile(r"^(?:localhost|[A-Za-z0-9.-]+\.[A-Za-z0-9.-]+|[A-Za-z0-9.-]+:[0-9]+|\[[0-9a-fA-F:]+\](?::[0-9]+)?)$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# A version tag: `v` optional, `_` standing for SemVer's `+` (not allowed in OCI tags) and dropped with what follows.
+_VERSION_TAG = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,19 @@ class Ref:
         if self.digest:
             return f"{self.name}@{self.digest}"
         return f"{self.name}:{self.tag}"
+
+    @property
+    def version(self) -> str | None:
+        """The version a version tag names (`1.0.0`, `v1.0.0`, `1.0.0_build` -> `1.0.0`); None for another tag
+        (`latest`) or none. Compared with the signed version less its `+build`."""
+        version = (self.tag or "").split("_", 1)[0].removeprefix("v")
+        return version if self.tag and _VERSION_TAG.match(version) else None
+
+    @property
+    def full(self) -> str:
+        """The reference with everything it pins: NAME:TAG@DIGEST where it has both (str() is what the store
+        and the registry API key it by: the digest alone then)."""
+        return f"{self.name}:{self.tag}@{self.digest}" if self.tag and self.digest else str(self)
 
     @property
     def reference(self) -> str:

@@ -15,10 +15,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import BinaryIO, Callable, Mapping
 
 from core.errors import BundleError
 from bundler.format.layerread import HashingReader
+from bundler.format.manifest import Descriptor
+from bundler.format.modelpack import layer_members, layer_path
+from bundler.format.tarformat import FileRecord
 from bundler.format.tarread import TarMember, extract_layer
 from bundler.store.layout import Store
 from bundler.trust.verify import VerifyReport
@@ -82,7 +85,7 @@ def extract_verified(store: Store, report: VerifyReport, dest: Path, read_only: 
             with open(store.blob_path(desc.digest), "rb") as raw:
                 # The blob is hashed again while extracting: it may have changed since verify read it.
                 reader = HashingReader(raw)
-                records = extract_layer(reader, spec.path, tmp, expected)
+                records = _extract(reader, spec.path, desc, tmp, expected)
                 reader.drain()
             if reader.count != desc.size or "sha256:" + reader.hash.hexdigest() != desc.digest:
                 raise BundleError("digest-mismatch", f"layer {spec.path} changed while unpacking")
@@ -124,13 +127,21 @@ def extract_leaving_in_blobs(
                 return True
 
             with open(blob, "rb") as raw:  # seekable: the content of files left in place is skipped, not read
-                written.update(r.path for r in extract_layer(raw, spec.path, tmp, expected, in_place=in_place))
+                written.update(r.path for r in _extract(raw, spec.path, desc, tmp, expected, in_place))
         missing = sorted(set(expected) - written - set(spans))
         if missing:
             raise BundleError("missing-file", f"{missing[0]} is signed but no layer holds it any more")
 
     _extract_atomically(dest, read_only, fill)
     return spans
+
+
+def _extract(stream: BinaryIO, spec_path: str, desc: Descriptor, dest: Path, expected: Mapping[str, str] | None,
+             in_place: Callable[[TarMember], bool] | None = None) -> list[FileRecord]:
+    """One layer of either format written below `dest`: a ModelKit tar, a ModelPack tar below its path, or a
+    ModelPack raw file at its path (offset 0 of its blob, for a file left in place)."""
+    where = layer_path(desc, spec_path)
+    return extract_layer(stream, where, dest, expected, in_place=in_place, members=layer_members(stream, desc, spec_path))
 
 
 def _make_read_only(root: Path) -> None:

@@ -15,15 +15,15 @@ __all__ = [
 import datetime as dt
 import os
 import posixpath
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from bundler.trust import cosign, dsse, signature
+from bundler.trust import attestation, cosign, signature
 from core.errors import BundleError
 from bundler.format.kitfile import MODEL_ROLES, LayerSpec, pickle_files
-from bundler.format.layerread import LayerScan, scan_layer
+from bundler.format.layerread import LayerScan, merge_scans, scan_layer
+from bundler.format.modelpack import layer_members, layer_path
 from bundler.format.manifest import Descriptor
 from bundler.store.modelkit import ModelKit, file_hashes, load_modelkit
 from bundler.store.refs import Ref
@@ -105,8 +105,10 @@ def verify_bundle(
     record: bool = True,
     allow_rollback: bool = False,
     allow_ref_mismatch: bool = False,
+    require_attestations: Sequence[str] = (),
 ) -> VerifyReport:
-    """Run every check on a bundle in the store; the report holds the first failure, if any."""
+    """Run every check on a bundle in the store; the report holds the first failure, if any.
+    `require_attestations` (sbom, provenance): each must be attached and signed by a trusted key."""
     report = VerifyReport(ref=str(ref))
 
     def check(name: str, fn: Any) -> Any:
@@ -136,9 +138,17 @@ def verify_bundle(
         report.claims, report.signer = claims, claims.key_id
         check("reference", lambda: _reference(ref, mk, allow_ref_mismatch))
         check("rollback", lambda: _rollback(store, mk, claims, record, allow_rollback))
+        if require_attestations:
+            check("attestations", lambda: _attestations(store, mk, trusted, require_attestations))
     except _Failed:
         pass
     return report
+
+
+def _attestations(store: Store, mk: ModelKit, trusted: Mapping[str, Any], required: Sequence[str]) -> tuple[None, str]:
+    """The required standard attestations (bundler.trust.attestation) are attached and verify."""
+    checks = attestation.attestation_checks(store, mk.digest, trusted)
+    return None, attestation.require_kinds(checks, required, f"{mk.ref} ({mk.digest[:19]}…)")
 
 
 def _load(store: Store, ref: Ref) -> tuple[ModelKit, str]:
@@ -150,17 +160,11 @@ def _scan_all(store: Store, mk: ModelKit) -> tuple[dict[str, LayerScan], str]:
     """Every layer read once, in parallel (hashlib releases the GIL), biggest first."""
     order = sorted(mk.layers, key=lambda item: -item[1].size)
     with ThreadPoolExecutor(max_workers=max(1, min(len(order), os.cpu_count() or 1))) as pool:
-        futures = {spec.path: pool.submit(scan_layer, store, desc, spec.path) for spec, desc in order}
-        scans = {path: fut.result() for path, fut in futures.items()}
-    seen: dict[str, str] = {}
-    for path, scan in scans.items():
-        for name in [*scan.files, *scan.dirs]:
-            if name in scan.files and name in seen:
-                raise BundleError("unsafe-archive", f"file {name!r} is in two layers ({seen[name]} and {path})")
-            seen.setdefault(name, path)
+        futures = [(spec.path, layer_path(desc, spec.path), pool.submit(scan_layer, store, desc, layer_path(desc, spec.path))) for spec, desc in order]
+        scans = merge_scans([(entry, shown, fut.result()) for entry, shown, fut in futures])
     total = sum(desc.size for _, desc in mk.layers)
     nfiles = sum(len(s.files) for s in scans.values())
-    return scans, f"{len(scans)} layers, {total} bytes, {nfiles} files: digests, sizes and entries safe"
+    return scans, f"{len(mk.layers)} layers, {total} bytes, {nfiles} files: digests, sizes and entries safe"
 
 
 def check_layer_roles(specs: Sequence[LayerSpec], scans: Mapping[str, LayerScan]) -> tuple[None, str]:
@@ -220,7 +224,6 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
     from pathlib import Path
 
     from bundler.format.layerread import TOKENIZER_FILES
-    from bundler.format.tarread import iter_layer
     from bundler.format.metadatacheck import check_tree
     from runner.checks.tokenizer_gate import check_tokenizers  # torch-free
 
@@ -230,10 +233,10 @@ def _judge_tokenizer_copies(store: Store, mk: ModelKit, roles: list[str]) -> Non
             if spec.role not in roles:
                 continue
             out = Path(tmp) / spec.role
-            out.mkdir()
+            out.mkdir(exist_ok=True)  # a ModelPack role has a layer per file
             dirs[spec.role] = out
             with open(store.blob_path(desc.digest), "rb") as f:
-                for member, content in iter_layer(f, spec.path):
+                for member, content in layer_members(f, desc, spec.path):
                     rel = posixpath.relpath(member.name, spec.path)
                     if member.kind == "file" and content is not None and "/" not in rel and rel in TOKENIZER_FILES:
                         (out / rel).write_bytes(content.read())
@@ -432,30 +435,25 @@ def check_files(files: Mapping[str, int], claims: signature.SignedClaims) -> tup
     return None, f"{len(files)} files, exactly the signed list"
 
 
-_VERSION_TAG = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
-
-
 def _reference(ref: Ref, mk: ModelKit, allow: bool) -> tuple[None, str]:
     """What the user asked for is what was signed: a version tag equals the signed version and the
     repository's last path component equals the signed name (else a re-pointed tag is a silent downgrade
-    or a substitution). A digest reference names the content itself and is always fine."""
-    if ref.digest:
+    or a substitution). A digest reference names the content itself and is always fine; one with a tag
+    beside its digest has the tag checked as well (bundler.store.refs: one meaning everywhere)."""
+    if ref.digest and ref.tag is None:
         return None, f"digest reference {ref.digest[:19]}…"
     name, version = mk.kitfile.name, mk.kitfile.version
     repo_name = ref.repository.rsplit("/", 1)[-1]
-    tag = ref.tag or ""
     problems = []
     if repo_name != name:
         problems.append(f"repository {repo_name!r} is not the signed name {name!r}")
-    # `+` is not allowed in OCI tags; `_` stands for it by convention.
-    tag_version = tag.removeprefix("v").split("_", 1)[0]  # `_` stands for SemVer's `+` in OCI tags
-    if _VERSION_TAG.match(tag_version) and tag_version != version.split("+", 1)[0]:
-        problems.append(f"tag {tag!r} is a version but the signed version is {version!r}")
+    if ref.version is not None and ref.version != version.split("+", 1)[0]:
+        problems.append(f"tag {ref.tag!r} is a version but the signed version is {version!r}")
     if problems and not allow:
-        raise BundleError("signature-mismatch", f"{ref}: {'; '.join(problems)} (pass --allow-ref-mismatch to accept it for this command)")
+        raise BundleError("signature-mismatch", f"{ref.full}: {'; '.join(problems)} (pass --allow-ref-mismatch to accept it for this command)")
     if problems:
         return None, f"{'; '.join(problems)}: allowed by --allow-ref-mismatch"
-    return None, f"{ref} names {name} {version}"
+    return None, f"{ref.full} names {name} {version}"
 
 
 def check_expiry(claims: signature.SignedClaims, now: dt.datetime) -> tuple[None, str]:

@@ -105,10 +105,26 @@ def _empty(dest: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
+def _write_evidence(evidence: Path, store: Store, report: Any, ref: Ref) -> None:
+    """The manifest and config exactly as signed, the signature that verified, and where it came from."""
+    mk = report.modelkit
+    evidence.mkdir()
+    manifest_bytes, _ = store.read_json_blob(mk.manifest_desc)
+    config_bytes, _ = store.read_json_blob(mk.config_desc)
+    (evidence / MANIFEST).write_bytes(manifest_bytes)
+    (evidence / CONFIG).write_bytes(config_bytes)
+    (evidence / SIGNATURE).write_bytes(report.signature_json)
+    origin = {"ref": str(ref), "digest": mk.digest, "signer": report.signer, "signature": report.signature_digest,
+              "fetched": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    (evidence / ORIGIN).write_text(json.dumps(origin, indent=2) + "\n", encoding="utf-8")
+
+
 def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, plain_http: bool = False,
-          allow_rollback: bool = False, progress: Any = None) -> FetchResult:
+          allow_rollback: bool = False, progress: Any = None, evidence_only: bool = False) -> FetchResult:
     """Pull, verify, check the content as `run` would, unpack into `dest` with the evidence beside the files.
 
+    With `evidence_only`, `dest` gets the evidence alone (manifest, config, signature, origin: what
+    `serve --from-dir DIR --evidence DEST` checks an image volume's files against), no files.
     Any refusal raises its BundleError and leaves `dest` empty (or absent, when it did not exist)."""
     from bundler.trust.contentcheck import check_content
     from bundler.registry.pull import pull
@@ -127,19 +143,14 @@ def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, pla
         if any(p == EVIDENCE or p.startswith(EVIDENCE + "/") for p in report.claims.files):
             raise BundleError("invalid-bundle", f"the bundle holds a file under {EVIDENCE}/, where fetch keeps its evidence")
         staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=dest))
-        files = extract_verified(store, report, staging / "bundle", progress=progress)
-        checked = check_content(staging / "bundle", mk.kitfile)  # tokenizer gate, pairing: what run refuses
-        evidence = staging / "bundle" / EVIDENCE
-        evidence.mkdir()
-        manifest_bytes, _ = store.read_json_blob(mk.manifest_desc)
-        config_bytes, _ = store.read_json_blob(mk.config_desc)
-        (evidence / MANIFEST).write_bytes(manifest_bytes)
-        (evidence / CONFIG).write_bytes(config_bytes)
-        (evidence / SIGNATURE).write_bytes(report.signature_json)
-        origin = {"ref": str(ref), "digest": mk.digest, "signer": report.signer, "signature": report.signature_digest,
-                  "fetched": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        (evidence / ORIGIN).write_text(json.dumps(origin, indent=2) + "\n", encoding="utf-8")
-        check_fetched(staging / "bundle", trusted)  # serve --from-dir's own check: fetch keeps nothing it would refuse
+        if evidence_only:
+            _write_evidence(staging / "bundle", store, report, ref)
+            files, fingerprint = 0, ""
+        else:
+            files = extract_verified(store, report, staging / "bundle", progress=progress)
+            fingerprint = check_content(staging / "bundle", mk.kitfile).fingerprint  # tokenizer gate, pairing: what run refuses
+            _write_evidence(staging / "bundle" / EVIDENCE, store, report, ref)
+            check_fetched(staging / "bundle", trusted)  # serve --from-dir's own check: fetch keeps nothing it would refuse
         for entry in sorted((staging / "bundle").iterdir()):
             os.replace(entry, dest / entry.name)
         os.rmdir(staging / "bundle")
@@ -152,4 +163,4 @@ def fetch(store: Store, uri: str, dest: Path, trusted: Mapping[str, Any], *, pla
             where = f" {err.filename}" if err.filename else ""
             raise BundleError("usage", f"fetch into {dest} failed writing{where}: {err.strerror or err}") from None
         raise
-    return FetchResult(str(ref), mk.digest, report.signer, dest, files, checked.fingerprint)
+    return FetchResult(str(ref), mk.digest, report.signer, dest, files, fingerprint)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "CONFIG", "EVIDENCE", "MANIFEST", "ORIGIN", "SIGNATURE", "CheckedDir", "Expected", "check_fetched", "checked_dir",
-    "URI_SCHEMES", "loaded_dir", "parse_expected", "private_copy", "signed_files",
+    "EXPECT_ENV", "URI_SCHEMES", "expected_from", "loaded_dir", "parse_expected", "private_copy", "signed_files",
 ]
 
 import contextlib
@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping
 
 from bundler.format import boundedjson
 from bundler.format.kitfile import Kitfile, kitfile_from_data
+from bundler.format.modelpack import is_modelpack, read_modelpack
 from bundler.format.tarwrite import write_layer
 from bundler.store.layout import MAX_JSON_BLOB, Store
 from bundler.store.modelkit import strip_layer_info
@@ -46,9 +47,8 @@ MANIFEST, CONFIG, SIGNATURE, ORIGIN = "manifest.json", "config.json", "signature
 HASH_WORKERS = 4  # hashlib releases the GIL: files hash in parallel
 COPY_CHUNK = 1 << 20
 URI_SCHEMES = STORAGE_SCHEMES  # the storage URI forms --expect takes besides a reference
+EXPECT_ENV = "BUNDLE_EXPECT"  # --expect's variable (a Deployment's env)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-# A version tag as verify reads one (bundler.trust.verify): `v` optional, `_` standing for SemVer's `+`.
-_VERSION_TAG = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ def parse_expected(text: str) -> Expected:
     reads its STORAGE_URI (a `user:password@` before the host dropped), as an Expected; anything else is a usage
     error."""
     text = text.strip()
+    if not text:  # `--expect ''` or BUNDLE_EXPECT='': set, but pinning nothing; never read as "no expectation"
+        raise BundleError("usage", "--expect (or $BUNDLE_EXPECT) is set but empty: give the expected bundle, or unset it")
     if _DIGEST.match(text):
         return Expected(text, None, None, text)
     if text.startswith("sha256:"):
@@ -90,16 +92,40 @@ def parse_expected(text: str) -> Expected:
         raise BundleError("usage", f"--expect: {err.message}") from None
     if ref is None:
         raise BundleError("usage", f"--expect {without_userinfo(text)!r}: expected NAME[:TAG], NAME@sha256:<hex>, sha256:<hex> or a {' / '.join(URI_SCHEMES)} URI")
-    tag = (ref.tag or "").removeprefix("v").split("_", 1)[0]
-    version = tag if ref.tag and _VERSION_TAG.match(ref.tag.split("_", 1)[0]) else None
-    return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], version, ref.digest)
+    return Expected(str(ref), ref.repository.rsplit("/", 1)[-1], ref.version, ref.digest)  # tag and digest: both checked
 
 
-def _read(root: Path, name: str) -> bytes:
-    path = root / EVIDENCE / name
+def expected_from(value: str | None, environ: Mapping[str, str] = os.environ) -> Expected | None:
+    """serve --from-dir's expectation: --expect, else $BUNDLE_EXPECT, parsed; None when neither is set. A variable
+    set but empty (which click drops as if unset) is a usage error: an operator who set it meant to pin."""
+    if value is None and EXPECT_ENV in environ:
+        value = environ[EXPECT_ENV]
+    return None if value is None else parse_expected(value)
+
+
+def _read(evidence: Path, name: str) -> bytes:
+    path = evidence / name
     if not path.is_file() or path.is_symlink():
-        raise BundleError("missing-file", f"{root}: {EVIDENCE}/{name} is missing: fetch the bundle with `bundle fetch` first")
+        raise BundleError("missing-file", f"{path} is missing: fetch the bundle with `bundle fetch` first (`--evidence-only` beside an image volume)")
     return boundedjson.read_regular(path, MAX_JSON_BLOB, f"{EVIDENCE}/{name}")
+
+
+def _signed_kitfile(manifest: Any, config: Any) -> Kitfile:
+    """The Kitfile the signed manifest carries: a ModelKit's config, or a ModelPack's annotation or layer roles."""
+    if isinstance(manifest, dict) and is_modelpack(manifest):
+        return read_modelpack(manifest, config, f"{EVIDENCE}/{MANIFEST}")[0]
+    return kitfile_from_data(strip_layer_info(config), f"{EVIDENCE}/{CONFIG}")
+
+
+def _modelpack_files(manifest: Mapping[str, Any], config: Any) -> dict[str, str]:
+    """A cosign-style signature over a ModelPack of raw layers: each file's sha256 is its signed layer digest
+    (the blob is the file). A tar layer cannot be checked from a mount's files and is refused."""
+    hashes: dict[str, str] = {}
+    for _, layer in read_modelpack(manifest, config, f"{EVIDENCE}/{MANIFEST}")[1]:
+        if layer.form != "raw":
+            raise BundleError("invalid-bundle", f"layer {layer.filepath!r} is a tar: a cosign-style signature vouches for a mounted ModelPack of raw layers only (sign it with `bundle sign`)")
+        hashes[layer.filepath] = layer.digest.removeprefix("sha256:")
+    return hashes
 
 
 def _sha256(path: Path) -> str:
@@ -166,7 +192,8 @@ def signed_files(root: Path, sig: bytes, digest: str, manifest: Mapping[str, Any
     accepts, and runs it before it keeps anything."""
     if cosign.kind_of(sig) == cosign.KIND:
         held = cosign.verify_digest(sig, trusted, digest, now)
-        return held.key_id, _layer_files(root, manifest, config, kitfile), cosign.KIND
+        files = _modelpack_files(manifest, config) if is_modelpack(manifest) else _layer_files(root, manifest, config, kitfile)
+        return held.key_id, files, cosign.KIND
     claims = signature.verify(sig, trusted)
     if claims.bundle.get("manifest_digest") != digest:
         raise BundleError("signature-mismatch", f"the signature is over manifest {str(claims.bundle.get('manifest_digest'))[:19]}…, the evidence is {digest[:19]}…")
@@ -212,24 +239,26 @@ def _check_release(store: Store | None, expect: Expected | None, kitfile: Kitfil
 
 
 def checked_dir(root: Path, trusted: Mapping[str, Any], now: dt.datetime | None = None, *, expect: Expected | None = None,
-                store: Store | None = None) -> CheckedDir:
+                store: Store | None = None, evidence: Path | None = None) -> CheckedDir:
     """Check a fetched directory against its evidence before anything is read from it; raises the first failure.
 
     The config must be the manifest's, the signature one `signed_files` accepts, the signed name, version and
     digest those `expect` names (when given), the release not older than one `store` remembers serving (when
     given, with an expectation), and the files below root exactly the signed ones. Their bytes are hashed
-    where they are read (`loaded_dir`, `check_fetched`)."""
+    where they are read (`loaded_dir`, `check_fetched`). `evidence`: where the manifest, config and signature
+    lie when not in `root/.specbundle` (a read-only image volume, with the evidence `fetch --evidence-only` left)."""
     root = Path(root)
     if not root.is_dir():
         raise BundleError("usage", f"--from-dir {root}: not a directory")
-    manifest_bytes, config_bytes, sig = _read(root, MANIFEST), _read(root, CONFIG), _read(root, SIGNATURE)
+    where = Path(evidence) if evidence is not None else root / EVIDENCE
+    manifest_bytes, config_bytes, sig = _read(where, MANIFEST), _read(where, CONFIG), _read(where, SIGNATURE)
     digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
     manifest = boundedjson.loads(manifest_bytes, f"{EVIDENCE}/{MANIFEST}")
     config_digest = manifest.get("config", {}).get("digest") if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict) else None
     if config_digest != "sha256:" + hashlib.sha256(config_bytes).hexdigest():
         raise BundleError("digest-mismatch", f"{EVIDENCE}/{CONFIG} is not the config the manifest {digest[:19]}… names")
     config = boundedjson.loads(config_bytes, f"{EVIDENCE}/{CONFIG}")
-    kitfile = kitfile_from_data(strip_layer_info(config), f"{EVIDENCE}/{CONFIG}")
+    kitfile = _signed_kitfile(manifest, config)
     ref = _check_expected(expect, kitfile, digest)  # a refusal before any file is read; a match trusts nothing yet
     on_disk = _files_on_disk(root)  # links and special files refused before the layers are written again
     signer, files, kind = signed_files(root, sig, digest, manifest, config, kitfile, trusted, now or dt.datetime.now(dt.timezone.utc))
@@ -242,10 +271,10 @@ def _mismatch(path: str, root: Path) -> BundleError:
     return BundleError("digest-mismatch", f"{path} in {root} does not hash to its signed sha256 (changed since fetch)")
 
 
-def check_fetched(root: Path, trusted: Mapping[str, Any]) -> CheckedDir:
+def check_fetched(root: Path, trusted: Mapping[str, Any], evidence: Path | None = None) -> CheckedDir:
     """What `serve --from-dir` will check, run by `fetch` on the directory it is about to leave: `checked_dir`
     and every file's sha256, so fetch keeps nothing serve would refuse."""
-    checked = checked_dir(root, trusted)
+    checked = checked_dir(root, trusted, evidence=evidence)
     if checked.kind != cosign.KIND:  # a cosign-style check hashed every file already, writing the layers again
         paths = sorted(checked.files)
         with ThreadPoolExecutor(HASH_WORKERS) as pool:
@@ -334,14 +363,14 @@ def private_copy(checked: CheckedDir, weights_in_place: bool = True) -> Iterator
 
 @contextlib.contextmanager
 def loaded_dir(root: Path, trusted: Mapping[str, Any], context: tuple[int, int], *, expect: Expected | None = None,
-               store: Store | None = None, **options: Any) -> Iterator[tuple[Any, dict[str, Any], list[str]]]:
+               store: Store | None = None, evidence: Path | None = None, **options: Any) -> Iterator[tuple[Any, dict[str, Any], list[str]]]:
     """`checked_dir`, then load the pair as `run` does (runner.run.load_pair: the same checks and refusals) from
     what `private_copy` read: every byte loaded is a byte hashed against the signed list, and nothing written
     to the directory afterwards reaches the server. Yields (pair, {"ref", "digest", "signer"}, checks)."""
     from bundler.verbs.run import runner_params
     from runner.run import load_pair  # torch is imported only when a bundle runs
 
-    checked = checked_dir(root, trusted, expect=expect, store=store)
+    checked = checked_dir(root, trusted, expect=expect, store=store, evidence=evidence)
     with private_copy(checked) as (copy, ranges):
         pair = load_pair(copy, checked.kitfile.role_paths(), runner_params(checked.kitfile.parameters), context=context,
                          verified_files=checked.files, weight_ranges=ranges, **options)

@@ -20,7 +20,7 @@ from bundler.store.modelkit import ModelKit, load_modelkit
 from bundler.store.refs import Ref
 from bundler.store.referrers import find_signatures
 from bundler.store.layout import Store
-from bundler.format.tarread import iter_layer
+from bundler.format.modelpack import layer_members
 from bundler.trust.verify import verify_bundle
 
 MAX_METADATA_FILE = 64 << 20
@@ -33,7 +33,7 @@ def metadata_view(store: Store, mk: ModelKit, dest: Path) -> None:
     """Write the small files of a bundle and the headers of its safetensors files (enough to count parameters)."""
     for spec, desc in mk.layers:
         with open(store.blob_path(desc.digest), "rb") as f:
-            for member, content in iter_layer(f, spec.path):
+            for member, content in layer_members(f, desc, spec.path):
                 if member.kind != "file" or content is None:
                     continue
                 base = posixpath.basename(member.name)
@@ -65,6 +65,7 @@ def inspect_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], max_token
         "ref": str(ref),
         "digest": mk.digest,
         "package": mk.kitfile.data["package"],
+        "format": mk.format,
         "manifest": mk.manifest,
         "layers": [
             {"role": spec.role, "path": spec.path, "mediaType": desc.media_type, "digest": desc.digest, "size": desc.size} for spec, desc in mk.layers

@@ -4,7 +4,7 @@ so that `pack` signs what was tuned."""
 
 from __future__ import annotations
 
-__all__ = ["TuneOptions", "split_held_out", "tune_bundle", "tune_context"]
+__all__ = ["TuneOptions", "split_held_out", "tune_bundle", "tune_context", "tune_target"]
 
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +15,7 @@ from typing import Any
 from bundler.format.atomicfile import write_atomically
 from bundler.format.kitfile import KITFILE_NAMES, load_kitfile, runner_params, with_speculative
 from bundler.store.layout import Store
-from bundler.store.refs import Ref
+from bundler.store.refs import Ref, parse_ref
 from bundler.verbs.run import runner_args, verified_view
 from core.errors import BundleError
 
@@ -45,6 +45,31 @@ def split_held_out(prompts: Sequence[str]) -> tuple[list[str], list[str]]:
     return [p for i, p in enumerate(prompts) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1], held
 
 
+def tune_target(store: Store, target: str) -> Path | Ref:
+    """TARGET as `tune` takes it: a context directory (a Path) or a stored bundle (a Ref). A name that is both a
+    directory here and a reference the store holds is refused as ambiguous (a usage error): tuning the
+    unverified directory where the signed bundle was meant, or the other way round, is never guessed."""
+    directory = Path(target)
+    try:
+        ref: Ref | None = parse_ref(target)
+    except BundleError:
+        ref = None
+    if not directory.is_dir():
+        if ref is None:
+            raise BundleError("usage", f"{target!r} is neither a context directory nor a reference (NAME[:TAG] or NAME@sha256:<hex>)")
+        return ref
+    if ref is not None:
+        try:
+            store.resolve(ref)
+        except BundleError as err:
+            if err.code != "not-found":
+                raise
+            return directory  # not in the store (or no store yet): the directory
+        raise BundleError("usage", f"{target!r} is both a directory here and a bundle in the store {store.root}: "
+                                   f"give the directory as ./{target} or the bundle by digest (NAME@sha256:<hex>)")
+    return directory
+
+
 def _kitfile_path(context: Path, kitfile: Path | None) -> Path:
     return kitfile if kitfile is not None else next((context / n for n in KITFILE_NAMES if (context / n).is_file()), context / "Kitfile")
 
@@ -70,20 +95,24 @@ def tune_bundle(store: Store, ref: Ref, trusted: Mapping[str, Any], options: Tun
     return {"bundle": {"ref": str(ref), "digest": checkout.report.digest}, **result, "written": None}
 
 
-def _candidates(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], pair: Any, options: TuneOptions) -> dict[str, Any]:
+def _candidates(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], pair: Any, options: TuneOptions,
+                weight_ranges: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The drafts to try: the bundle's own (where it has one) and each --draft directory, each checked
-    against the target and tokenizer as a bundle's draft is (tokenizer gate, pairing) before it loads."""
+    against the target and tokenizer as a bundle's draft is (tokenizer gate, pairing) before it loads.
+    weight_ranges: a stored bundle's weights, left in their blobs (the checkout holds none of them)."""
     drafts = {BUNDLE_DRAFT: pair.draft} if pair.draft is not None else {}
     for directory in options.drafts:
         directory = Path(directory)
         if not directory.is_dir():
             raise BundleError("missing-input", f"--draft {directory} is not a directory")
-        drafts[str(directory)] = _load_candidate(root, roles, params, pair, directory)
+        drafts[str(directory)] = _load_candidate(root, roles, params, pair, directory, weight_ranges)
     return drafts
 
 
-def _load_candidate(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], pair: Any, directory: Path) -> Any:
+def _load_candidate(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], pair: Any, directory: Path,
+                    weight_ranges: Mapping[str, Any] | None = None) -> Any:
     from runner.pair import gguf_dirs
+    from runner.run import weight_ranges_at
 
     candidate_roles = {**roles, "draft": os.path.relpath(directory.resolve(), Path(root).resolve())}
     ggufs = gguf_dirs(root, candidate_roles)
@@ -94,7 +123,8 @@ def _load_candidate(root: Path, roles: Mapping[str, str], params: Mapping[str, A
     from runner.models.loading import load_model
     from runner.run import preflight, runtime_draft
 
-    checked = preflight(root, candidate_roles, params)
+    # The target's weights of a stored bundle are blob ranges, not files below root: the pairing reads them there.
+    checked = preflight(root, candidate_roles, params, weight_ranges_at(root, weight_ranges))
     return runtime_draft(load_model(directory, pair.dtype, pair.device, role="draft"), checked)
 
 
@@ -110,13 +140,13 @@ def _tune(root: Path, roles: Mapping[str, str], params: Mapping[str, Any], optio
     from runner.bench.machine import machine_info
     from runner.bench.tune import held_out_check, measure_settings, settings_grid
     from runner.decoding.settings import DecodingSettings
-    from runner.pair import prompt_ids
+    from runner.checks.context_window import PromptContext
     from runner.run import load_pair
 
-    texts = [*options.prompts, *options.held_out]
-    pair = load_pair(root, roles, params, context=lambda tok: (max(len(prompt_ids(tok, t, False)) for t in texts), options.max_new_tokens),
+    texts = [*options.prompts, *options.held_out]  # each refused before loading where it does not fit the window
+    pair = load_pair(root, roles, params, context=PromptContext(texts, options.max_new_tokens),
                      draft_tokens=max(options.ks), device=options.device, verified_files=verified_files, weight_ranges=weight_ranges)
-    drafts = _candidates(root, roles, params, pair, options)
+    drafts = _candidates(root, roles, params, pair, options, weight_ranges)
     base = DecodingSettings.from_params(params, has_draft=pair.draft is not None)
     grid = settings_grid(base.methods, options.ks, list(drafts))
     measure = lambda prompts: measure_settings(  # noqa: E731

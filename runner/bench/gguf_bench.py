@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from runner.checks import gguf_model
+from runner.checks.context_window import PromptContext
 from runner.bench.runs import Run, by_category, chosen_method, interleaved_rounds, pooled, speculation_figures, timed
 from runner.engines import llamacpp
 from runner.gguf_run import load_gguf_pair
@@ -169,8 +170,7 @@ def bench_gguf(
     then every method on the same prompts, prompt by prompt, the order rotating; `repeat` rounds, the
     speed-ups the medians of the rounds' (`rounds`), identity and per-prompt figures from the first."""
     say = progress or (lambda _msg: None)
-    pair = load_gguf_pair(dirs, params, context=lambda tokenizer: (max(len(tokenizer.prompt_ids(p, raw=False)) for p in prompts),
-                                                                   max_new_tokens),
+    pair = load_gguf_pair(dirs, params, context=PromptContext(prompts, max_new_tokens),  # each refused where it does not fit
                           draft_tokens=draft_length(params, draft_tokens), memory_budget=memory_budget)
     target, draft, settings, k, eos = pair.target, pair.draft, pair.settings, pair.draft_tokens, pair.eos_ids
     ids = [pair.prompt_ids(p) for p in prompts]

@@ -4,14 +4,14 @@ held out and for tuning, kept apart) or a user's file (JSON lines with "prompt" 
 
 from __future__ import annotations
 
-__all__ = ["PROMPT_SETS", "Prompt", "categories", "read_prompts"]
+__all__ = ["MAX_PROMPT_FILE_BYTES", "PROMPT_SETS", "Prompt", "categories", "read_prompts"]
 
 import importlib.resources
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from core.boundedread import NotReadable, read_bounded
 from core.errors import BundleError
 
 # name -> data file in this package. "grounded" is held out: tune never reads it unless asked to check.
@@ -21,6 +21,9 @@ PROMPT_SETS = {
     "grounded-tuning": "grounded-tuning.jsonl",  # the same kinds of task, other texts: tune's default
 }
 DEFAULT_CATEGORY = "user"  # a prompt of a user's file that names none
+# A prompt file is read whole, from a regular file (never a FIFO or device: they block or never end), at most this
+# many bytes: the shipped sets are under 100 kB, and no prompt longer than a model's window is ever run.
+MAX_PROMPT_FILE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -36,24 +39,32 @@ def _source(name_or_path: str) -> tuple[str, str]:
     if name_or_path in PROMPT_SETS:
         data = importlib.resources.files("runner.bench") / PROMPT_SETS[name_or_path]
         return f"runner/bench/{PROMPT_SETS[name_or_path]}", data.read_text(encoding="utf-8")
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise BundleError("usage", f"--prompts {name_or_path!r} is neither a prompt set ({', '.join(PROMPT_SETS)}) nor a file")
     try:
-        return str(path), path.read_text(encoding="utf-8")
+        data = read_bounded(name_or_path, MAX_PROMPT_FILE_BYTES)
+    except NotReadable as why:
+        raise BundleError("usage", f"--prompts {name_or_path!r} is neither a prompt set ({', '.join(PROMPT_SETS)}) "
+                                   f"nor a file of prompts: it {why}") from None
+    try:
+        return name_or_path, data.decode("utf-8")
     except UnicodeDecodeError:
-        raise BundleError("usage", f"{path} is not UTF-8 text") from None
+        raise BundleError("usage", f"{name_or_path} is not UTF-8 text") from None
 
 
 def _json_line(raw: str, where: str) -> Prompt:
     """A JSON line {"prompt": ..., "category": ...} (category optional)."""
     try:
         row = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a nesting bomb deeper than the parser allows
         row = None
-    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
-        raise BundleError("usage", f"{where}: expected a JSON line {{\"prompt\": \"...\", \"category\": \"...\"}}")
-    return Prompt(row["prompt"], str(row.get("category") or DEFAULT_CATEGORY))
+    category = row.get("category") if isinstance(row, dict) else None
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip() \
+            or not isinstance(category, (str, type(None))):
+        raise BundleError("usage", f"{where}: expected a JSON line {{\"prompt\": \"...\", \"category\": \"...\"}} (strings)")
+    try:  # "\ud800" parses to a lone surrogate, which no tokenizer takes
+        row["prompt"].encode("utf-8"), (category or "").encode("utf-8")
+    except UnicodeEncodeError:
+        raise BundleError("usage", f"{where}: a string holds a lone surrogate (not UTF-8 text)") from None
+    return Prompt(row["prompt"], category or DEFAULT_CATEGORY)
 
 
 def read_prompts(name_or_path: str | None = None, default: str = "open") -> list[Prompt]:

@@ -16,6 +16,7 @@ import torch
 
 from runner.models.loading import load_model
 from runner.bench.runs import Run, by_category, chosen_method, interleaved_rounds, pooled, speculation_figures, timed
+from runner.checks.context_window import fitting_ids, model_window
 from runner.checks.modelinfo import FileRange
 from runner.pair import gguf_dirs, prompt_ids
 from runner.run import eos_ids, preflight, resolve_device, runtime_draft, runtime_target, verified_digests, weight_ranges_at
@@ -213,7 +214,8 @@ def bench_unpacked(
     checked = preflight(root, roles, params, ranges)
     dirs = checked["dirs"]
     tokenizer = AutoTokenizer.from_pretrained(checked["tokenizer_dir"], local_files_only=True, trust_remote_code=False)
-    ids = [prompt_ids(tokenizer, p, raw=False) for p in prompts]
+    # each prompt refused (usage) before any weights load where it and max_new_tokens do not fit the window
+    ids = fitting_ids(prompts, max_new_tokens, model_window(dirs["target"]), tokenizer, lambda p: prompt_ids(tokenizer, p, raw=False))
     eos = eos_ids(tokenizer, dirs["target"])
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
     load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=verified_digests(verified_files, roles[role]),  # noqa: E731

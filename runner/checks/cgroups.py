@@ -1,16 +1,33 @@
 """The process's cgroups as the kernel lists them: each directory of one controller's hierarchy, the process's own
 cgroup and its ancestors, for reading a limit that any of them may set (runner.checks.cpus, runner.checks.memory).
 The hierarchy is read below `SPECBUNDLE_CGROUP_ROOT` when that is set (tests give a directory of their own),
-else /sys/fs/cgroup."""
+else /sys/fs/cgroup.
+
+Every file here is read as a hostile /sys or $SPECBUNDLE_CGROUP_ROOT could lay it out: `read_limit` takes a
+regular file only, opened without blocking, at most LIMIT_FILE_BYTES of it (a real limit file holds one short
+line); anything else reads as None, which the callers take as "no limit"."""
 
 from __future__ import annotations
 
-__all__ = ["CGROUP_ROOT_ENV", "cgroup_dirs"]
+__all__ = ["CGROUP_ROOT_ENV", "LIMIT_FILE_BYTES", "cgroup_dirs", "read_limit"]
 
 import os
 from pathlib import Path
 
+from core.boundedread import NotReadable, read_bounded
+
 CGROUP_ROOT_ENV = "SPECBUNDLE_CGROUP_ROOT"
+LIMIT_FILE_BYTES = 256  # cpu.max is "QUOTA PERIOD", memory.max one integer: a few dozen bytes
+PROC_CGROUP_BYTES = 64 << 10  # /proc/self/cgroup: a line per hierarchy, each a path
+
+
+def read_limit(path: Path) -> str | None:
+    """A cgroup file's one line, stripped; None where it is missing, not a regular file, longer than
+    LIMIT_FILE_BYTES or not ASCII."""
+    try:
+        return read_bounded(path, LIMIT_FILE_BYTES).decode("ascii").strip()
+    except (NotReadable, UnicodeDecodeError):
+        return None
 
 
 def cgroup_dirs(controller: str, proc_cgroup: str | Path = "/proc/self/cgroup",
@@ -19,8 +36,8 @@ def cgroup_dirs(controller: str, proc_cgroup: str | Path = "/proc/self/cgroup",
     hierarchy's, and the v1 hierarchy that mounts `controller`; [] where /proc/self/cgroup cannot be read."""
     root = Path(root if root is not None else os.environ.get(CGROUP_ROOT_ENV) or "/sys/fs/cgroup")
     try:
-        lines = Path(proc_cgroup).read_text(encoding="ascii").splitlines()
-    except (OSError, UnicodeDecodeError):
+        lines = read_bounded(proc_cgroup, PROC_CGROUP_BYTES).decode("ascii").splitlines()
+    except (NotReadable, UnicodeDecodeError):
         return []
     dirs = []
     for line in lines:

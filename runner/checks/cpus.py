@@ -15,21 +15,21 @@ import math
 import os
 from pathlib import Path
 
-from runner.checks.cgroups import cgroup_dirs
+from runner.checks.cgroups import cgroup_dirs, read_limit
 
 
 def _quota_at(directory: Path, v2: bool) -> float | None:
-    """CPUs (quota / period) one cgroup directory allows, or None where it sets no quota or cannot be read."""
+    """CPUs (quota / period) one cgroup directory allows, or None where it sets no quota or cannot be read
+    (runner.checks.cgroups.read_limit: a regular file of a few hundred bytes, read without blocking)."""
+    if v2:
+        quota, _, period = (read_limit(directory / "cpu.max") or "").partition(" ")
+    else:
+        quota, period = read_limit(directory / "cpu.cfs_quota_us") or "", read_limit(directory / "cpu.cfs_period_us") or ""
     try:
-        if v2:
-            quota, _, period = (directory / "cpu.max").read_text(encoding="ascii").strip().partition(" ")
-        else:
-            quota = (directory / "cpu.cfs_quota_us").read_text(encoding="ascii").strip()
-            period = (directory / "cpu.cfs_period_us").read_text(encoding="ascii").strip()
         if quota == "max" or int(quota) <= 0 or int(period) <= 0:
             return None
         return int(quota) / int(period)
-    except (OSError, ValueError, UnicodeDecodeError):
+    except ValueError:
         return None
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import BundleError
-from runner.checks.cgroups import cgroup_dirs
+from runner.checks.cgroups import cgroup_dirs, read_limit
 
 UNLIMITED = 1 << 60  # a cgroup v1 limit this high (the kernel writes 2^63 less a page) is no limit
 SEQUENCES_CAP = 8  # a server's default number of sequences, at most (fewer where their KV caches do not fit)
@@ -61,11 +61,11 @@ def cgroup_room(proc_cgroup: str | Path = "/proc/self/cgroup", root: str | Path 
     rooms = []
     for directory, v2 in cgroup_dirs("memory", proc_cgroup, root):
         files = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        limit, usage = (read_limit(directory / name) for name in files)  # None: unreadable, no limit
         try:
-            limit, usage = ((directory / name).read_text(encoding="ascii").strip() for name in files)
-            if limit != "max" and int(limit) < UNLIMITED:
+            if limit is not None and usage is not None and limit != "max" and int(limit) < UNLIMITED:
                 rooms.append(max(int(limit) - int(usage), 0))
-        except (OSError, ValueError, UnicodeDecodeError):
+        except ValueError:
             continue
     return min(rooms) if rooms else None
 

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 __all__ = [
     "CPU_CLASSES", "SIZE_SLACK", "TABLES", "TABLES_ENV", "best_prior_speedup", "break_even_acceptance", "cpu_class", "load_table",
-    "pair_costs", "prior_speedup", "quant_name",
+    "pair_costs", "prior_speedup", "quant_name", "read_table",
 ]
 
 import functools
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from core.boundedread import NotReadable, read_bounded
 from runner.decoding.stats import predicted_speedup
 from runner.engines.cpu import cpu_info
 
@@ -35,6 +37,10 @@ TABLES_ENV = "SPECBUNDLE_COST_TABLES"  # another directory of tables (a test's, 
 CPU_CLASSES = {"amx": "AMX-BF16", "avx512_bf16": "AVX-512 BF16", "avx2": "AVX2"}
 # A model may lie this factor past the smallest or largest measured size and still take the end's costs.
 SIZE_SLACK = 1.25
+# A table file is read only as a regular file of at most this many bytes (the shipped one is 14 kB), and only
+# with the shape read_table checks: anything else is no table.
+MAX_TABLE_BYTES = 1 << 20
+MAX_TABLE_K = 64  # verify_steps' keys: proposal lengths 1..this
 _QUANT_ALIASES = {"BFLOAT16": "BF16", "FLOAT16": "F16", "FP16": "F16", "FLOAT32": "F32", "FP32": "F32"}
 
 
@@ -70,23 +76,72 @@ def quant_name(quant: str | int) -> str:
 
 def load_table(cls: str | None = None, directory: Path | None = None) -> dict | None:
     """The cost table of CPU class `cls` (this CPU's when None) from `directory` (default $SPECBUNDLE_COST_TABLES,
-    else the shipped TABLES); None when there is none."""
+    else the shipped TABLES); None when there is none, or when the file is not a table (`read_table`)."""
     cls = cls or cpu_class()
     if cls is None:
         return None
     directory = directory or Path(os.environ.get(TABLES_ENV) or TABLES)
     path = directory / f"{cls}.json"
     try:
-        changed = path.stat().st_mtime_ns
-    except OSError:
+        st = path.stat()
+    except (OSError, ValueError):
         return None
-    return _read_table(path, changed)
+    return _read_table(path, (st.st_mtime_ns, st.st_size, st.st_ino))
 
 
 @functools.lru_cache(maxsize=8)
-def _read_table(path: Path, changed: int) -> dict:
-    """A table file's contents, read once per version of the file (`changed`: its mtime)."""
-    return json.loads(path.read_text())
+def _read_table(path: Path, version: tuple[int, int, int]) -> dict | None:
+    """read_table, once per version of the file (its mtime, size and inode); a file that is not a table is
+    said once, on one line, and counts as none: the guard then times the pair itself."""
+    try:
+        return read_table(path)
+    except ValueError as why:
+        logging.getLogger(__name__).warning("warning: cost table %s ignored (%s): the guard times the pair itself", path, why)
+        return None
+
+
+def read_table(path: Path | str) -> dict:
+    """A cost table file: a regular file (never a FIFO or device) of at most MAX_TABLE_BYTES, JSON of the shape the module docstring describes ({"engines": {ENGINE: {QUANT: [model]}}},
+    each model's "params" a positive integer, "step_s" and every "verify_steps" value finite and positive);
+    ValueError saying what is wrong otherwise."""
+    try:
+        data = read_bounded(path, MAX_TABLE_BYTES)
+    except NotReadable as why:
+        raise ValueError(f"it {why}") from None
+    try:
+        table = json.loads(data, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("it nests too deep") from None
+    except (UnicodeDecodeError, ValueError):  # JSONDecodeError, NaN or Infinity
+        raise ValueError("it is not JSON (finite numbers only)") from None
+    engines = table.get("engines") if isinstance(table, dict) else None
+    if not isinstance(engines, dict) or not engines:
+        raise ValueError('it has no "engines" object')
+    for engine, quants in engines.items():
+        if not isinstance(quants, dict):
+            raise ValueError(f"engines.{engine} is not an object of quantizations")
+        for quant, models in quants.items():
+            if not isinstance(models, list) or not all(_is_model(m) for m in models):
+                raise ValueError(f"engines.{engine}.{quant} is not a list of measured models "
+                                 '({"params": N > 0, "step_s": S > 0, "verify_steps": {"K": V > 0}})')
+    return table
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a measurement")
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _is_model(model: object) -> bool:
+    """One measured model of a table: positive integer params, a positive finite step time and verify costs."""
+    if not isinstance(model, dict) or not isinstance(model.get("params"), int) or not _positive(model["params"]):
+        return False
+    verify = model.get("verify_steps")
+    return _positive(model.get("step_s")) and isinstance(verify, dict) and \
+        all(k.isascii() and k.isdigit() and 0 < int(k) <= MAX_TABLE_K and _positive(v) for k, v in verify.items())
 
 
 def _interpolate(points: list[tuple[float, float]], x: float) -> float:

@@ -117,7 +117,7 @@ def _from_store(source: StoreSource, trusted: Mapping[str, Any]) -> Iterator[tup
 def _from_dir(source: DirSource, trusted: Mapping[str, Any]) -> Iterator[tuple[Path, dict[str, Any], VerifyReport | None]]:
     from bundler.verbs.fromdir import checked_dir, private_copy
 
-    checked = checked_dir(source.root, trusted, expect=source.expect, store=source.store)
+    checked = checked_dir(source.root, trusted, expect=source.expect, store=source.store, evidence=source.evidence)
     with private_copy(checked, weights_in_place=False) as (copy, _ranges):  # every byte copied is a byte hashed
         for dirpath, dirnames, names in os.walk(copy):
             for name in names:

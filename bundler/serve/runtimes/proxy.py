@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from bundler.serve.api_error import ApiError
-from bundler.serve.api_key import AUTHENTICATED, OPEN_PROBE_PATHS, ApiKeyMiddleware
+from bundler.serve.api_key import METRICS_AUTHENTICATED, OPEN_PROBE_PATHS, ApiKeyMiddleware
 from bundler.serve.metrics import Metrics
 from bundler.serve.request_guard import RequestGuard
 from bundler.serve.runtimes.counters import Mirror
@@ -266,7 +266,7 @@ def _routes(g: Governed) -> list[Route]:
         await _scrape(g)
         g.metrics.queue_depth.set(max(0, g.inflight - g.sequences))
         g.metrics.active.set(min(g.inflight, g.sequences))
-        return Response(g.metrics.exposition(bool(request.scope.get(AUTHENTICATED))), media_type=CONTENT_TYPE_LATEST)
+        return Response(g.metrics.exposition(bool(request.scope.get(METRICS_AUTHENTICATED))), media_type=CONTENT_TYPE_LATEST)
 
     async def models(_request: Request) -> Response:
         return _loading(g) or JSONResponse({"object": "list", "data": [_card(g, n) for n in g.model_names()]})
@@ -306,4 +306,4 @@ def build_proxy(g: Governed) -> ASGIApp:
     settings = g.settings
     digest = lambda: g.info["digest"] if g.info is not None else None  # noqa: E731
     return ApiKeyMiddleware(RequestGuard(app, settings.limits, on_refused=refused), digest, settings.api_key,
-                            OPEN_PROBE_PATHS if settings.open_probes else ())
+                            OPEN_PROBE_PATHS if settings.open_probes else (), metrics_key=settings.metrics_key)
