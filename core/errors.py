@@ -8,6 +8,7 @@ from core import display
 
 # Exit code families of CONTRACT.md section 3.
 INTERNAL, USAGE, INTEGRITY, POLICY, REGISTRY, INVALID = 1, 2, 3, 4, 5, 6
+RUNTIME = 7  # beyond CONTRACT.md: a governed runtime (serve --runtime) failed or died
 
 # Every code name the project raises, with its exit code. A new code is added here first.
 CODES: dict[str, int] = {
@@ -15,6 +16,7 @@ CODES: dict[str, int] = {
     "interrupted": 130,  # Ctrl-C: the shell convention 128 + SIGINT
     "usage": USAGE,
     "not-found": USAGE,
+    "runtime-unsupported": USAGE,  # serve --runtime: a signed setting the chosen runtime cannot honour
     "missing-input": USAGE,
     # integrity or signature
     "integrity": INTEGRITY,
@@ -45,6 +47,8 @@ CODES: dict[str, int] = {
     # invalid Kitfile or bundle content
     "invalid-kitfile": INVALID,
     "invalid-bundle": INVALID,
+    # serve --runtime: the third-party runtime failed to start, or ended by itself (docs/contract-additions.md)
+    "runtime-failed": RUNTIME,
 }
 
 

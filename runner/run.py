@@ -11,7 +11,7 @@ preflight, then the weights; returns a `LoadedPair`) and `generate` (one prompt 
 from __future__ import annotations
 
 __all__ = [
-    "eos_ids", "generate", "load_pair", "preflight", "resolve_device", "run_unpacked", "runtime_draft",
+    "eos_ids", "generate", "load_pair", "model_roles", "preflight", "resolve_device", "run_unpacked", "runtime_draft",
     "runtime_target", "verified_digests", "weight_ranges_at",
 ]
 

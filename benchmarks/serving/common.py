@@ -93,7 +93,7 @@ def bundle_serve_argv(args: argparse.Namespace, port: int, extra: list[str]) -> 
 class Process:
     """A server process on 127.0.0.1, up once /health answers 200; stopped by its pid with SIGTERM."""
 
-    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None, ready_path: str = "/health") -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
@@ -102,7 +102,7 @@ class Process:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{argv[0]} exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + ready_path, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -6,6 +6,7 @@ __all__ = ["client_keys", "serve", "serve_limits", "setting"]
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import click
@@ -18,6 +19,18 @@ from bundler.trust import keys
 from core.errors import BundleError
 from bundler.serve.request_guard import ServeLimits
 from bundler.serve.settings import ServeSettings
+
+
+def runtime_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """serve --runtime, --runtime-bin, --dry-run (bundler.serve.runtimes)."""
+    f = click.option("--dry-run", is_flag=True, help="With --runtime: run every check, print the runtime's command line "
+                     "(secrets masked) and what it runs as JSON, and exit 0 without starting it.")(f)
+    f = click.option("--runtime-bin", help="With --runtime llama-server: its binary (also $BUNDLE_LLAMA_SERVER); with "
+                     "--runtime vllm: the Python of vLLM's venv (also $BUNDLE_VLLM_PYTHON).")(f)
+    return click.option("--runtime", default="builtin", show_default=True,
+                        type=click.Choice(["builtin", "llama-cpp-python", "llama-server", "vllm"]),
+                        help="What decodes: our engines (builtin), or a third-party runtime started behind the same "
+                             "front door, after the same checks, under the bundle's signed settings (docs/serving.md).")(f)
 
 
 def setting(decl: str, owner: type, name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -76,6 +89,7 @@ def client_keys(api_key_file: str | None, metrics_key_file: str | None) -> tuple
 @click.option("--allowed-host", "allowed_hosts", multiple=True, help="Another Host name to answer for besides loopback and --host (repeatable; `*`: any, behind a proxy).")
 @click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
 @setting("--header-timeout", ServeLimits, "header_timeout_s", type=click.FloatRange(0.1, 3600))
+@runtime_options
 @identity_options
 @command
 def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], api_key_file: str | None, metrics_key_file: str | None, max_queue: int,
@@ -97,12 +111,13 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
         raise BundleError("usage", "--evidence goes with --from-dir")
 
     api_key, metrics_key = client_keys(api_key_file, metrics_key_file)
+    runtime, runtime_bin, dry_run = options.pop("runtime"), options.pop("runtime_bin"), options.pop("dry_run")
     records = None
     if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
         from bundler.trust.runrecord import ServeRecords
 
         recorded = {"max_queue": max_queue, "time_limit_s": time_limit, "sequences": sequences, "speculate": speculate,
-                    "prompt_cache": prompt_cache, **options}
+                    "prompt_cache": prompt_cache, "runtime": runtime, **options}
         records = ServeRecords(store, keys.load_private_key(Path(attest_key), password()), recorded)
 
     def ready(info: dict[str, Any]) -> None:
@@ -116,8 +131,41 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
         settings = ServeSettings(host=host, port=port, api_key=api_key, metrics_key=metrics_key, open_probes=open_probes, served_model_name=served_model_name,
                                  max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options),
                                  batch=BatchSettings(sequences=sequences, speculate=speculate, prompt_cache=prompt_cache))
+        if runtime != "builtin" or dry_run:
+            return _serve_with_runtime(source, trusted(key_paths, ca_paths, identities, issuers), settings, runtime, runtime_bin, dry_run, records, ready)
         serve_bundle(source, trusted(key_paths, ca_paths, identities, issuers), settings, on_ready=ready, on_record=records.attach if records else None)
     finally:
         written = records.close() if records else None
         if written:
             click.echo(f"run record {written.record} signed by {written.key_id[:16]}…", err=True)
+
+
+def _serve_with_runtime(source: Any, trusted_keys: Any, settings: ServeSettings, runtime: str, runtime_bin: str | None, dry_run: bool,
+                        records: Any, ready: Callable[[dict[str, Any]], None]) -> None:
+    """serve --runtime NAME (bundler.serve.runtimes): the same checks, then a third-party runtime behind our front door;
+    with --dry-run, the checks and the translation printed as JSON, nothing started."""
+    import json
+
+    from bundler.serve.app import SERVE_MAX_NEW_TOKENS, SERVE_PROMPT_TOKENS
+    from bundler.serve.runtimes.flags import RuntimeOptions
+    from bundler.serve.runtimes.server import dry_run as checked_launch, runtime_entry, serve_runtime
+
+    if runtime == "builtin":
+        raise BundleError("usage", "--dry-run shows a third-party runtime's command line: give --runtime")
+    load, batch = settings.load, settings.batch
+    opts = RuntimeOptions(name=runtime, binary=runtime_bin, speculate=batch.speculate, draft_tokens=load.draft_tokens, dtype=load.dtype,
+                          sequences=batch.sequences or 1, context=SERVE_PROMPT_TOKENS + SERVE_MAX_NEW_TOKENS)
+    if dry_run:
+        click.echo(json.dumps(checked_launch(source, trusted_keys, settings, opts), indent=2))
+        return
+
+    def record(prepared: Any, launch: Any) -> Any:
+        entry = runtime_entry(prepared, launch)
+        pair = SimpleNamespace(fingerprint=prepared.fingerprint, device="cpu", dtype=prepared.dtype, runtime=entry,
+                               engine="llama.cpp" if runtime == "llama-cpp-python" else runtime)
+        return records.attach(prepared.report, pair), entry
+
+    def started(info: dict[str, Any]) -> None:
+        ready({**info, "engine": f"{runtime} pid {info['pid']}, {info['speculation']['method']}"})
+
+    serve_runtime(source, trusted_keys, settings, opts, on_ready=started, on_record=record if records else None)

@@ -4,7 +4,7 @@ loading stops the server and is raised to the caller (the CLI's exit code)."""
 
 from __future__ import annotations
 
-__all__ = ["DRAIN_LIMIT_S", "serve_bundle"]
+__all__ = ["DRAIN_LIMIT_S", "serve_bundle", "server_class"]
 
 import contextlib
 import dataclasses
@@ -54,6 +54,12 @@ def _server_class() -> type:
                     signal.signal(sig, signal.SIG_IGN if sig == signal.SIGTERM else handler)
 
     return Server
+
+
+def server_class() -> type:
+    """uvicorn's server with `bundle serve`'s signal handling (SIGTERM drains, then exits 0): the front door
+    before a third-party runtime stops the same way (bundler.serve.runtimes.server)."""
+    return _server_class()
 
 
 def make_worker(requests: Requests, batch: BatchSettings) -> Worker:

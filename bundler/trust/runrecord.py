@@ -117,6 +117,7 @@ class Context:
     engine: str
     device: str
     dtype: str
+    runtime: Mapping[str, Any] | None = None  # serve --runtime: the third-party runtime (bundler.serve.runtimes.server)
 
     @classmethod
     def from_report(cls, kind: str, report: Any, loaded: Mapping[str, Any], settings: Mapping[str, Any]) -> Context:
@@ -130,6 +131,7 @@ class Context:
             tokenizer_fingerprint=str(loaded["tokenizer"]["fingerprint"]), parameters=mk.kitfile.parameters,
             settings={k: v for k, v in settings.items() if v is not None},
             engine=str(loaded.get("engine") or "torch"), device=str(loaded["device"]), dtype=str(loaded["dtype"]),
+            runtime=loaded.get("runtime"),
         )
 
 
@@ -157,6 +159,8 @@ def build_statement(ctx: Context, totals: Totals, started: dt.datetime, finished
     }
     if prompts is not None:
         predicate["prompts"] = list(prompts)
+    if ctx.runtime is not None:
+        predicate["runtime"] = json.loads(json.dumps(ctx.runtime))  # as it is when the record is written
     statement = dsse.statement(ctx.ref, ctx.digest.split(":", 1)[1], PREDICATE_TYPE, predicate)
     problem = schema_problem(SCHEMA_NAME, statement)
     if problem:
@@ -262,7 +266,7 @@ class ServeRecords:
     def attach(self, report: Any, pair: Any) -> Any:
         """serve_bundle's `on_record`: the hook it calls after each request, `(stats, prompt_ids, text)`."""
         loaded = {"tokenizer": {"fingerprint": pair.fingerprint}, "device": pair.device, "dtype": pair.dtype,
-                  "engine": getattr(pair, "engine", "torch")}
+                  "engine": getattr(pair, "engine", "torch"), "runtime": getattr(pair, "runtime", None)}
         self.recorder = Recorder(self.store, Context.from_report("serve", report, loaded, self.settings), self.private_key)
         self._timer = threading.Thread(target=self._hourly, name="specbundle-run-records", daemon=True)
         self._timer.start()

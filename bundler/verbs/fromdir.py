@@ -328,17 +328,18 @@ def _copy_hashed(src: Path, dst: Path, want: str, shown: str, root: Path) -> Non
 
 
 @contextlib.contextmanager
-def private_copy(checked: CheckedDir) -> Iterator[tuple[Path, dict[str, Any]]]:
+def private_copy(checked: CheckedDir, weights_in_place: bool = True) -> Iterator[tuple[Path, dict[str, Any]]]:
     """Each signed file read once from the directory, hashed from the bytes kept. Torch weights (the target's and
     the draft's *.safetensors, which the loader reads once into its buffers and hashes) stay where they are and
     come back as (path -> FileRange); everything else goes into a new directory under $TMPDIR that only this
     process's user can reach, removed when the block ends (llama.cpp's map of a GGUF keeps its file until the
-    process ends). Yields (the copy's root, weight ranges)."""
+    process ends). Yields (the copy's root, weight ranges). weights_in_place=False: the torch weights are copied
+    too (a third-party runtime opens paths: bundler.serve.runtimes)."""
     from runner.checks.modelinfo import FileRange  # torch-free
 
     roles = checked.kitfile.role_paths()
     gguf = any(p.endswith(".gguf") for p in checked.files)
-    loader_reads = {p for p in checked.files if not gguf and p.endswith(".safetensors") and any(
+    loader_reads = {p for p in checked.files if weights_in_place and not gguf and p.endswith(".safetensors") and any(
         p.startswith(roles[r].strip("/") + "/") and "/" not in p[len(roles[r].strip("/")) + 1:] for r in ("target", "draft") if r in roles)}
     try:
         copy = Path(tempfile.mkdtemp(prefix="specbundle-serve-"))  # mode 0700

@@ -1,0 +1,135 @@
+"""Governed against hand-started: the same third-party runtime on the same files and flags, once started by
+`bundle serve --runtime R` (our checks, then our front door before it) and once started by hand (its own port,
+nothing before it), both up at once, served in interleaved turns (A B B A per round, as serve_bench's modes do) so
+that a machine's drift is shared. Streamed greedy chat requests, N clients at once, each sending every prompt.
+
+    python benchmarks/serve_runtime_bench.py --runtime llama-server [--runtime-bin PATH] [--clients 1,4,8] [--rounds 2]
+    python benchmarks/serve_runtime_bench.py --runtime vllm --runtime-bin .venv-vllm/bin/python --ref smollm2-spec:1.0.0
+    python benchmarks/serve_runtime_bench.py --runtime llama-cpp-python --no-draft
+
+The hand-started runtime gets the command line the governed one is given (bundler.serve.runtimes.flags.translate
+on the same checked files), except the key only the front door holds. The acceptance of issue 49: governed
+>= 0.97x hand-started in tokens/s at 1, 4 and 8 clients, TTFT p99 <= 1.1x. Prints one JSON object (the CPU and
+the load average with it); measure on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from serving.common import (GGUF_REF, TORCH_REF, Process, add_bundle_options, bundle_serve_argv, emit, free_port,  # noqa: E402
+                            machine, percentile, read_prompt_set, trusted_keys)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime", required=True, choices=["llama-cpp-python", "llama-server", "vllm"])
+    parser.add_argument("--runtime-bin", help="llama-server's binary, or vLLM's venv python")
+    add_bundle_options(parser, ref="")
+    parser.add_argument("--clients", default="1,4,8")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--limit", type=int, default=5, help="prompts of the set")
+    parser.add_argument("--sequences", type=int, default=8, help="the runtime's slots (llama-server -np, vLLM --max-num-seqs)")
+    parser.add_argument("--no-draft", action="store_true", help="both runtimes decode the target alone")
+    parser.add_argument("--out")
+
+
+def ask(url: str, prompt: str, args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """One streamed greedy chat request: time to first content, tokens (usage where sent, else content events)."""
+    import httpx
+
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": args.max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start, first, events, usage = time.perf_counter(), None, 0, None
+    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/chat/completions", json=body) as answer:
+        answer.raise_for_status()
+        for line in answer.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+                events += 1
+                first = first or time.perf_counter()
+    return {"ttft_s": (first or time.perf_counter()) - start, "tokens": int(usage["completion_tokens"]) if usage else events}
+
+
+def turn(url: str, prompts: list[str], clients: int, args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """N clients at once, each sending every prompt: tokens/s over the turn's wall time, and each TTFT."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        done = list(pool.map(lambda job: ask(url, job, args, model), [p for _ in range(clients) for p in prompts]))
+    wall = time.perf_counter() - start
+    return {"tokens": sum(d["tokens"] for d in done), "wall_s": wall, "ttft_s": [d["ttft_s"] for d in done]}
+
+
+def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """Per client count: A B B A turns per round; tokens/s and TTFT p99 of each, and governed / hand ratios."""
+    out: dict[str, Any] = {}
+    for clients in [int(c) for c in args.clients.split(",")]:
+        totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": []} for name in servers}
+        for _ in range(args.rounds):
+            for name in ("governed", "hand", "hand", "governed"):
+                got = turn(servers[name], prompts, clients, args, model)
+                totals[name]["tokens"] += got["tokens"]
+                totals[name]["wall_s"] += got["wall_s"]
+                totals[name]["ttft_s"] += got["ttft_s"]
+        row = {name: {"tokens_per_second": t["tokens"] / t["wall_s"], "ttft_p99_s": percentile(t["ttft_s"], 0.99)} for name, t in totals.items()}
+        row["tps_ratio"] = row["governed"]["tokens_per_second"] / row["hand"]["tokens_per_second"]
+        row["ttft_p99_ratio"] = row["governed"]["ttft_p99_s"] / row["hand"]["ttft_p99_s"]
+        out[str(clients)] = row
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bundler.serve.runtimes.checked import prepared
+    from bundler.serve.runtimes.flags import RuntimeOptions, translate
+    from bundler.serve.sources import StoreSource
+    from bundler.store.layout import Store
+    from bundler.store.refs import parse_ref
+
+    args.ref = args.ref or (TORCH_REF if args.runtime == "vllm" else GGUF_REF)
+    prompts = read_prompt_set(args.prompts)[: args.limit]
+    opts = RuntimeOptions(args.runtime, binary=args.runtime_bin, speculate=not args.no_draft, sequences=args.sequences, context=4096)
+    extra = ["--runtime", args.runtime, "--sequences", str(args.sequences), *(["--runtime-bin", args.runtime_bin] if args.runtime_bin else []),
+             *(["--no-draft"] if args.no_draft else [])]
+    source = StoreSource(Store(Path(args.store)), parse_ref(args.ref))
+    footprint = {"context": opts.context, "sequences": opts.sequences, "dtype": "float32"}
+    with prepared(source, trusted_keys(args.key), footprint) as checked:
+        port = free_port()
+        launch = translate(checked, dataclasses.replace(opts, upstream_key="unused"), port)
+        # By hand: the same argv and environment, without the key only a front door would hold.
+        env = {k: v for k, v in launch.env.items() if k not in ("API_KEY", "LLAMA_API_KEY", "VLLM_API_KEY")}
+        hand = Process(launch.argv, port, env=env, ready_path=launch.ready_path)
+        governed_port = free_port()
+        try:
+            governed = Process(bundle_serve_argv(args, governed_port, extra), governed_port)
+            try:
+                results = measure({"governed": governed.url, "hand": hand.url}, prompts, args, args.ref)
+            finally:
+                governed.stop()
+        finally:
+            hand.stop()
+    return {"runtime": args.runtime, "ref": args.ref, "translation": launch.shown(), "clients": results,
+            "max_tokens": args.max_tokens, "prompts": len(prompts), "rounds": args.rounds, "machine": machine()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(parser)
+    args = parser.parse_args(argv)
+    emit({"benchmark": "serve_runtime", **run(args)}, args.out)
+
+
+if __name__ == "__main__":
+    main()
