@@ -185,6 +185,7 @@ def load_pair(
     memory_budget: int | None = None,
     verified_files: Mapping[str, str] | None = None,
     weight_ranges: Mapping[str, FileRange] | None = None,
+    reproducible: bool = False,
 ) -> LoadedPair:
     """Every check (see `preflight`), the memory preflight, then the weights; raises BundleError on the first failure.
 
@@ -216,6 +217,10 @@ def load_pair(
         dtype, device, compact=True,
     )
     target, draft = runtime_target(target), (runtime_draft(drafts[0], checked) if drafts else None)
+    if reproducible:  # greedy tokens whatever else shares a pass (runner.models.invariant); the draft only proposes
+        if not hasattr(target, "batch_invariant"):
+            raise BundleError("usage", "--reproducible runs on the compact torch forward only (Llama, Qwen2, Mistral)")
+        target = target.batch_invariant()
     threads = thread_count(params)
     sys.modules["torch"].set_num_threads(threads)  # the pod's CPUs (runner.checks.cpus), not the node's
     if torch_later:  # after the estimate: the predicted peak counts the import as load_models measured it
@@ -226,7 +231,8 @@ def load_pair(
         device=device, dtype=dtype, draft_tokens=draft_tokens, pairing=checked["pairing"],
         memory={k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
         context_tokens=max_tokens, load_s=time.perf_counter() - load_start,
-        extra={"engine_fields": {"engine": "torch", "device": device, "dtype": dtype, "threads": threads}},
+        extra={"engine_fields": {"engine": "torch", "device": device, "dtype": dtype, "threads": threads,
+                                 "reproducible": reproducible}},
     )
 
 
@@ -308,6 +314,7 @@ def run_unpacked(
     weight_ranges: Mapping[str, FileRange] | None = None,
     on_text: Callable[[str], None] | None = None,
     history: Any = None,
+    reproducible: bool = False,
 ) -> dict:
     """Checks, loads and runs the pair unpacked at `root` (`load_pair` then `generate`); the `run --json`
     fields this part knows. history: a runner.decoding.run_history.RunHistory of this bundle on this machine.
@@ -324,7 +331,7 @@ def run_unpacked(
     pair = load_pair(
         root, roles, params, context=lambda tokenizer: (len(prompt_ids(tokenizer, prompt, raw)), max_new_tokens),
         draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
-        weight_ranges=weight_ranges,
+        weight_ranges=weight_ranges, reproducible=reproducible,
     )
     pair.history = history
     result = generate(pair, pair.prompt_ids(prompt, raw), max_new_tokens=max_new_tokens, temperature=temperature,
