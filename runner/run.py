@@ -187,6 +187,7 @@ def load_pair(
     memory_budget: int | None = None,
     verified_files: Mapping[str, str] | None = None,
     weight_ranges: Mapping[str, FileRange] | None = None,
+    reproducible: bool = False,
 ) -> LoadedPair:
     """Every check (see `preflight`), the memory preflight, then the weights; raises BundleError on the first failure.
 
@@ -200,6 +201,8 @@ def load_pair(
     model_roles(roles, params)  # a bundle without a draft runs only where it asks for draft-free speculation
     ggufs = gguf_dirs(root, roles)
     if ggufs:
+        if reproducible:
+            raise BundleError("usage", "--reproducible runs on the compact torch forward only (Llama, Qwen2, Mistral), not a GGUF pair")
         from runner.gguf_run import load_gguf_pair  # the llama.cpp engine
 
         return load_gguf_pair(ggufs, params, context=context, draft_tokens=draft_tokens, memory_budget=memory_budget)
@@ -220,6 +223,10 @@ def load_pair(
         dtype, device, compact=True,
     )
     target, draft = runtime_target(target), (runtime_draft(drafts[0], checked) if drafts else None)
+    if reproducible:  # greedy tokens whatever else shares a pass (runner.models.invariant); the draft only proposes
+        if not hasattr(target, "batch_invariant"):
+            raise BundleError("usage", "--reproducible runs on the compact torch forward only (Llama, Qwen2, Mistral)")
+        target = target.batch_invariant()
     threads = thread_count(params)
     sys.modules["torch"].set_num_threads(threads)  # the pod's CPUs (runner.checks.cpus), not the node's
     if torch_later:  # after the estimate: the predicted peak counts the import as load_models measured it
@@ -230,7 +237,8 @@ def load_pair(
         device=device, dtype=dtype, draft_tokens=draft_tokens, pairing=checked["pairing"],
         memory={k: memory[k] for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "loader_bytes", "total_bytes", "predicted_peak_bytes")},
         context_tokens=max_tokens, context_window=window, load_s=time.perf_counter() - load_start,
-        extra={"engine_fields": {"engine": "torch", "device": device, "dtype": dtype, "threads": threads}},
+        extra={"engine_fields": {"engine": "torch", "device": device, "dtype": dtype, "threads": threads,
+                                 "reproducible": reproducible}},
     )
 
 
@@ -313,6 +321,7 @@ def run_unpacked(
     weight_ranges: Mapping[str, FileRange] | None = None,
     on_text: Callable[[str], None] | None = None,
     history: Any = None,
+    reproducible: bool = False,
 ) -> dict:
     """Checks, loads and runs the pair unpacked at `root` (`load_pair` then `generate`); the `run --json`
     fields this part knows. history: a runner.decoding.run_history.RunHistory of this bundle on this machine.
@@ -329,7 +338,7 @@ def run_unpacked(
     pair = load_pair(
         root, roles, params, context=PromptContext([prompt], max_new_tokens, raw),
         draft_tokens=draft_tokens, device=device, dtype=dtype, memory_budget=memory_budget, verified_files=verified_files,
-        weight_ranges=weight_ranges,
+        weight_ranges=weight_ranges, reproducible=reproducible,
     )
     pair.history = history
     result = generate(pair, pair.prompt_ids(prompt, raw), max_new_tokens=max_new_tokens, temperature=temperature,

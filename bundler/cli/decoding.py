@@ -34,6 +34,7 @@ from core.errors import BundleError
 @click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key (repeatable); also $BUNDLE_TRUSTED_KEYS.")
 @click.option("--attest", "attest_key", type=click.Path(), help="Private key (P-256): sign a run record into the store when the run finishes.")
 @click.option("--attest-prompts", is_flag=True, help="With --attest: put the sha256 of the prompt and output in the record (never their text).")
+@click.option("--reproducible", is_flag=True, help="Greedy tokens that do not depend on what else shares a pass (batch-invariant forward; compact torch models only; docs/serving.md).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @identity_options
 @command

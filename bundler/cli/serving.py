@@ -88,6 +88,7 @@ def client_keys(api_key_file: str | None, metrics_key_file: str | None) -> tuple
 @setting("--max-body", ServeLimits, "max_body", type=str, callback=max_body_option)
 @click.option("--allowed-host", "allowed_hosts", multiple=True, help="Another Host name to answer for besides loopback and --host (repeatable; `*`: any, behind a proxy).")
 @click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
+@click.option("--reproducible", is_flag=True, help="Greedy tokens that do not depend on what else shares a pass (batch-invariant forward; compact torch models only; docs/serving.md).")
 @setting("--header-timeout", ServeLimits, "header_timeout_s", type=click.FloatRange(0.1, 3600))
 @runtime_options
 @identity_options

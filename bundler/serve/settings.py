@@ -22,9 +22,11 @@ class LoadOptions:
     device: str | None = None
     dtype: str | None = None
     memory_budget: int | None = None  # bytes the pair (and the batch's caches) may use
+    reproducible: bool = False  # --reproducible: the batch-invariant forward (runner.models.invariant)
 
     def as_kwargs(self) -> dict[str, Any]:
-        return {"draft_tokens": self.draft_tokens, "device": self.device, "dtype": self.dtype, "memory_budget": self.memory_budget}
+        return {"draft_tokens": self.draft_tokens, "device": self.device, "dtype": self.dtype, "memory_budget": self.memory_budget,
+                "reproducible": self.reproducible}
 
 
 @dataclass(frozen=True)

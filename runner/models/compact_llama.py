@@ -10,7 +10,7 @@ attention, SiLU MLP, default RoPE); tests check its logits against transformers'
 
 from __future__ import annotations
 
-__all__ = ["BatchedCache", "CompactLlama", "compact_config", "supports", "weights_from_state_dict"]
+__all__ = ["CompactLlama", "compact_config", "supports", "weights_from_state_dict"]
 
 from types import SimpleNamespace
 
@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from runner.models.draft_vocab import full_vocab_logits, head_rows
+from runner.models.invariant import InvariantForward, room
+from runner.models.row_plan import BatchedCache, RowPlan
 from runner.checks.modelinfo import COMPACT_ARCHITECTURES as ARCHITECTURES
 
 # ARCHITECTURES: decoders whose layers are Llama's: RMSNorm, rotary attention (Qwen2 adds q/k/v biases), a
@@ -175,7 +177,7 @@ class CompactCache:
         size[3] = max(length, 2 * capacity, 64)
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = old.new_empty(size)
+            new = old.new_zeros(size)  # finite: the invariant forward reads masked cells too (runner.models.invariant)
             new[:, :, :, : self.length] = old[:, :, :, : self.length]
             setattr(self, name, new)
 
@@ -185,32 +187,6 @@ class CompactCache:
 
     def get_seq_length(self) -> int:
         return self.length
-
-
-class BatchedCache:
-    """Keys and values of many sequences (continuous batching, runner.decoding.batching): one tensor each of
-    shape (layers, sequences, kv heads, positions, head dim); which positions of a sequence are valid is the
-    caller's to know. Cells are zeros until written and keep old values after a sequence is cut back: a
-    masked cell must hold a finite number (attention weighs it by zero, and zero times NaN is NaN)."""
-
-    def __init__(self, layers: int, sequences: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device, limit: int) -> None:
-        self.keys = torch.zeros(layers, sequences, kv_heads, 0, head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.limit = limit  # positions per sequence, at most
-
-    def reserve(self, length: int) -> None:
-        """Room for `length` positions in every sequence; the room at least doubles when it grows (up to the limit)."""
-        capacity = self.keys.shape[3]
-        if length <= capacity:
-            return
-        size = list(self.keys.shape)
-        size[3] = min(max(length, 2 * capacity, 64), max(self.limit, length))
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = old.new_zeros(size)
-            new[:, :, :, :capacity] = old
-            setattr(self, name, new)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -230,66 +206,6 @@ def _mlp(x: torch.Tensor, layer: SimpleNamespace, eps: float) -> torch.Tensor:
     return x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
 
 
-class _RowPlan:
-    """The index tensors of one batched pass (CompactLlama.forward_rows): where each token sits in its
-    sequence's cells and in the padded per-row layout attention runs on, and the attention mask."""
-
-    def __init__(self, rows: list[tuple[int, int, list[int]]], device: torch.device, groups: int) -> None:
-        self.tokens = sum(len(tokens) for _, _, tokens in rows)
-        self.width = max(len(tokens) for _, _, tokens in rows)  # the longest row: every row is padded to it
-        self.slots = len(rows) * self.width
-        self.end = max(start + len(tokens) for _, start, tokens in rows)  # the cells attention reads, per sequence
-        ids, positions, seq_of, slot, last = [], [], [], [], []
-        for r, (seq, start, tokens) in enumerate(rows):
-            ids += tokens
-            positions += range(start, start + len(tokens))
-            seq_of += [seq] * len(tokens)
-            slot += range(r * self.width, r * self.width + len(tokens))
-            last.append(start + len(tokens) - 1)
-        def tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-        self.ids, self.positions, self.seq_of, self.slot = tensor(ids), tensor(positions), tensor(seq_of), tensor(slot)
-        self.padding = self.slots != self.tokens
-        # one row is written into its cells as forward writes them (a slice, no index): (sequence, start, end)
-        self._span = (rows[0][0], rows[0][1], rows[0][1] + len(rows[0][2])) if len(rows) == 1 else None
-        seqs = [seq for seq, _, _ in rows]
-        # the rows' sequences: a slice of the cache when they are consecutive ids (no copy), else gathered
-        consecutive = seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-        self._seqs: slice | torch.Tensor = slice(seqs[0], seqs[0] + len(seqs)) if consecutive else tensor(seqs)
-        self.mask, self.causal = self._mask(rows, device, last)
-        # Grouped-query attention over several rows: SDPA's enable_gqa takes no batch of masked rows on the CPU
-        # (torch 2.13), and repeating the kv heads would copy every row's cells in every layer; instead the
-        # query heads sharing a kv head become more query rows of it (heads are kv-head-major, as
-        # transformers' repeat_kv orders them), and the mask repeats for them.
-        self.grouped = groups if groups > 1 and self.mask is not None else 0
-        if self.grouped:
-            self.mask = self.mask.repeat(1, 1, groups, 1)
-
-    def _mask(self, rows, device, last) -> tuple[torch.Tensor | None, bool]:
-        """One row is masked as forward masks it (its numbers then equal a lone sequence's step): one token
-        sees every cell, a prefill of an empty sequence is causal. Several rows: query j of a row sees the
-        cells up to its own position; a padding query (past its row's tokens) sees those of the row's last."""
-        if len(rows) == 1:
-            (_, start, tokens), = rows
-            if len(tokens) == 1 or start == 0:
-                return None, len(tokens) > 1
-        starts = torch.tensor([start for _, start, _ in rows], device=device)
-        query = (starts[:, None] + torch.arange(self.width, device=device)[None, :]).minimum(torch.tensor(last, device=device)[:, None])
-        return (torch.arange(self.end, device=device)[None, None, :] <= query[:, :, None]).unsqueeze(1), False
-
-    def write(self, cache: torch.Tensor, states: torch.Tensor) -> None:
-        """The pass's keys or values, (tokens, kv heads, head dim), into their sequences' cells."""
-        if self._span is not None:
-            seq, start, end = self._span
-            cache[seq, :, start:end] = states.transpose(0, 1)
-        else:
-            cache[self.seq_of, :, self.positions] = states
-
-    def cells(self, cache: torch.Tensor) -> torch.Tensor:
-        """The rows' sequences' cells up to the pass's end: (rows, kv heads, end, head dim)."""
-        return cache[self._seqs, :, : self.end]
-
-
 class CompactLlama(torch.nn.Module):
     """A lean forward over a Llama-family model's weights: those of a transformers model, or those
     `weights_from_state_dict` took from a checkpoint (`bundle run` builds no transformers model). The weights
@@ -300,7 +216,8 @@ class CompactLlama(torch.nn.Module):
     with a cache from `new_cache()`.
     """
 
-    def __init__(self, model: torch.nn.Module | SimpleNamespace, ids: list[int] | None = None) -> None:
+    def __init__(self, model: torch.nn.Module | SimpleNamespace, ids: list[int] | None = None,
+                 reproducible: bool = False) -> None:
         super().__init__()
         if not supports(model.config):
             raise ValueError("CompactLlama runs Llama, Qwen2 and Mistral models with full attention, SiLU and default RoPE only")
@@ -316,10 +233,18 @@ class CompactLlama(torch.nn.Module):
         self.register_buffer("ids", index, persistent=False)
         self.register_buffer("head", head, persistent=False)
         self.register_buffer("inv_freq", self.weights.inv_freq, persistent=False)
+        self.vocab_ids = ids
+        # --reproducible: every pass through the batch-invariant forward (runner.models.invariant)
+        self.invariant = InvariantForward(self) if reproducible else None
 
     def with_vocab(self, ids: list[int]) -> "CompactLlama":
         """The same model (the same weights) scoring only `ids`."""
-        return CompactLlama(self.weights, ids)
+        return CompactLlama(self.weights, ids, self.invariant is not None)
+
+    def batch_invariant(self) -> "CompactLlama":
+        """The same model (the same weights) whose logits for a token do not depend on the other tokens of its
+        pass (runner.models.invariant): `--reproducible`."""
+        return CompactLlama(self.weights, self.vocab_ids, reproducible=True)
 
     @property
     def device(self) -> torch.device:
@@ -343,6 +268,12 @@ class CompactLlama(torch.nn.Module):
         cache = cache if cache is not None else self.new_cache()
         t = input_ids.shape[-1]
         start, end = cache.length, cache.length + t
+        if self.invariant is not None:
+            cache.reserve(room(end))
+            keep = range(t - logits_to_keep if logits_to_keep else 0, t)
+            logits = self.invariant.rows(cache.keys, cache.values, [(0, start, input_ids.view(-1).tolist())], list(keep))
+            cache.length = end
+            return SimpleNamespace(logits=logits[None])
         cache.reserve(end)
         x = F.embedding(input_ids.view(1, t), w.embed)
         cos, sin = self._rope(torch.arange(start, end, device=x.device), x.dtype)
@@ -394,8 +325,11 @@ class CompactLlama(torch.nn.Module):
         together; attention runs per row, over its own sequence's cells, in one call (rows padded to the
         longest, a mask per row). Returns the logits of the tokens at `outputs` (indices into all rows'
         tokens, in order), in float32: (len(outputs), V)."""
+        if self.invariant is not None:
+            cache.reserve(room(max(start + len(tokens) for _, start, tokens in rows)))
+            return self.invariant.rows(cache.keys, cache.values, rows, outputs).float()
         w, heads, kv_heads, d = self.weights, self.heads, self.kv_heads, self.head_dim
-        plan = _RowPlan(rows, self.device, heads // kv_heads)
+        plan = RowPlan(rows, self.device, heads // kv_heads)
         t, end = plan.tokens, plan.end
         cache.reserve(end)
         x = F.embedding(plan.ids.view(1, t), w.embed)
@@ -412,7 +346,7 @@ class CompactLlama(torch.nn.Module):
             else:  # rows of one length (single steps of many sequences, or one row): the tokens are the layout
                 padded = q
             padded = padded.view(len(rows), plan.width, heads, d).transpose(1, 2)
-            if plan.grouped:  # the query heads that share a kv head as more queries of it (see _RowPlan)
+            if plan.grouped:  # the query heads that share a kv head as more queries of it (see RowPlan)
                 padded = padded.reshape(len(rows), kv_heads, plan.grouped * plan.width, d)
             out = F.scaled_dot_product_attention(
                 padded, plan.cells(keys), plan.cells(values), attn_mask=plan.mask, is_causal=plan.causal,
