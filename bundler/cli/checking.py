@@ -40,6 +40,53 @@ def verify_keyless_directory(model_dir: Path, trusted_root: str | None, signatur
         click.echo(f"verified {model_dir}: {len(claims.files)} files signed by {identities[0]} ({issuers[0]}), Sigstore keyless, offline")
 
 
+def _by_role(values: tuple[str, ...], option: str) -> dict[str, str]:
+    from bundler.trust.upstream import SIGNED_ROLES
+
+    out: dict[str, str] = {}
+    for value in values:
+        role, sep, rest = value.partition("=")
+        if not sep or role not in SIGNED_ROLES or not rest:
+            raise BundleError("usage", f"{option} {value!r}: expected ROLE=VALUE with ROLE one of {', '.join(SIGNED_ROLES)}")
+        out[role] = rest
+    return out
+
+
+def upstream_trusts(key_values: tuple[str, ...], identity_values: tuple[str, ...], issuer_values: tuple[str, ...],
+                    trusted_root: str | None) -> dict[str, Any]:
+    """--upstream-key / --upstream-identity / --upstream-issuer / --upstream-trusted-root as role -> UpstreamTrust."""
+    from bundler.trust import keys
+    from bundler.trust.upstream import UpstreamTrust
+
+    by_key = _by_role(key_values, "--upstream-key")
+    by_identity, by_issuer = _by_role(identity_values, "--upstream-identity"), _by_role(issuer_values, "--upstream-issuer")
+    if set(by_identity) != set(by_issuer) or (by_identity and not trusted_root) or set(by_key) & set(by_identity):
+        raise BundleError("usage", "a keyless publisher signature needs --upstream-identity and --upstream-issuer for its role and "
+                                   "--upstream-trusted-root; a role takes a key or an identity, not both")
+    trusts: dict[str, Any] = {}
+    for role, path in by_key.items():
+        key = keys.load_public_key(Path(path))
+        trusts[role] = UpstreamTrust(trusted={keys.key_id(key): key})
+    for role, identity in by_identity.items():
+        trusts[role] = UpstreamTrust(identity=identity, issuer=by_issuer[role], trusted_root=Path(trusted_root or ""))
+    return trusts
+
+
+def check_upstream(store: Store, report: Any, trusts: dict[str, Any]) -> None:
+    """The publishers' signatures, as one more check of the report (bundler.trust.upstream.check_bundle)."""
+    from bundler.trust.upstream import check_bundle
+    from bundler.trust.verify import Check
+
+    try:
+        signers = check_bundle(store, report, trusts)
+    except BundleError as err:
+        report.checks.append(Check("upstream", False, err.message))
+        report.error = err
+        return
+    report.checks.append(Check("upstream", True, "; ".join(f"{role}: its publisher's signature by {who}, over exactly its files"
+                                                             for role, who in signers.items())))
+
+
 @main.command()
 @click.argument("ref")
 @trust_options
@@ -47,18 +94,26 @@ def verify_keyless_directory(model_dir: Path, trusted_root: str | None, signatur
 @click.option("--require", "require", multiple=True, metavar="KINDS", help="Attestations that must be attached and signed by a trusted key: sbom, provenance (comma-separated or repeated).")
 @click.option("--trusted-root", type=click.Path(dir_okay=False), help="A Sigstore trusted_root.json (the public-good instance's or a private one): REF is then a model directory signed keyless with model-signing, checked offline against --identity and --issuer.")
 @click.option("--signature", "signature_path", type=click.Path(dir_okay=False), help="With --trusted-root: the model-signing signature (default DIR/model.sig).")
+@click.option("--upstream-key", "upstream_keys", multiple=True, metavar="ROLE=KEY.pub", help="Check the publisher's model-signing signature the bundle carries for ROLE (target or draft) against this public key (repeatable).")
+@click.option("--upstream-identity", "upstream_identities", multiple=True, metavar="ROLE=IDENTITY", help="Check ROLE's publisher signature as a Sigstore (keyless) one by IDENTITY, with --upstream-issuer and --upstream-trusted-root (repeatable).")
+@click.option("--upstream-issuer", "upstream_issuers", multiple=True, metavar="ROLE=ISSUER", help="The OIDC issuer of ROLE's keyless publisher signature (repeatable).")
+@click.option("--upstream-trusted-root", type=click.Path(dir_okay=False), help="The Sigstore trusted_root.json the keyless publisher signatures are checked against (offline).")
 @command
 def verify(store: Store, ref: str, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], allow_unsigned: bool, allow_rollback: bool, allow_ref_mismatch: bool, as_json: bool, require: tuple[str, ...],
-           trusted_root: str | None, signature_path: str | None) -> None:
+           trusted_root: str | None, signature_path: str | None, upstream_keys: tuple[str, ...], upstream_identities: tuple[str, ...],
+           upstream_issuers: tuple[str, ...], upstream_trusted_root: str | None) -> None:
     """Check signature, trust, every blob, every file, archive safety, roles and tokenizer files."""
     from bundler.trust.attestation import parse_kinds
     from bundler.trust.verify import verify_bundle
 
     if trusted_root or signature_path:
         return verify_keyless_directory(Path(ref), trusted_root, signature_path, identities, issuers, as_json)
+    upstream = upstream_trusts(upstream_keys, upstream_identities, upstream_issuers, upstream_trusted_root)
 
     report = verify_bundle(store, parse_ref(ref), trusted(key_paths, ca_paths, identities, issuers), allow_unsigned=allow_unsigned, allow_rollback=allow_rollback, allow_ref_mismatch=allow_ref_mismatch,
                            require_attestations=parse_kinds(require, allow_unsigned))
+    if upstream and report.ok:
+        check_upstream(store, report, upstream)
     if as_json:
         emit(report.as_json())
     else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bundler.trust import attest
+from bundler.trust import attest, upstream
 from bundler.trust.contentcheck import ContentReport, check_content
 from core.errors import BundleError
 from bundler.format.kitfile import Kitfile, LayerSpec, load_kitfile
@@ -211,6 +211,7 @@ def pack_checked(
         raise BundleError("usage", f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     kitfile = load_kitfile(context, kitfile_path)
     checked = check_content(context, kitfile)
+    upstream.check_context(context, kitfile.layers)  # a publisher's signature that does not match: refused, never carried
     if signed_releases(store, kitfile.name, kitfile.version):  # only then is the digest needed before writing
         plan = planned(context, ref, kitfile, fmt=fmt)
         check_new_release(store, kitfile.name, kitfile.version, plan.digest)
