@@ -73,7 +73,8 @@ def build_base(root: Path) -> dict[str, Any]:
     # a damaged store, which verify refuses.
     from bundler.trust.cosign import MODEL_SIGNING_KIND, kind_of
 
-    [sig] = [m for m in index["manifests"] if "artifactType" in m and kind_of(_signature_payload(blobs, m)) == MODEL_SIGNING_KIND]
+    [sig] = [m for m in index["manifests"] if "artifactType" in m and not _is_attestation(blobs, m)
+             and kind_of(_signature_payload(blobs, m)) == MODEL_SIGNING_KIND]
     manifest = json.loads((blobs / tagged["digest"][7:]).read_text())
     sig_manifest = json.loads((blobs / sig["digest"][7:]).read_text())
     files = {
@@ -85,6 +86,14 @@ def build_base(root: Path) -> dict[str, Any]:
         "signature": f"blobs/sha256/{sig_manifest['layers'][0]['digest'][7:]}",
     }
     return {"store": str(store), "pub": str(pub), "files": files}
+
+
+def _is_attestation(blobs: Path, entry: dict[str, Any]) -> bool:
+    """An SBOM or provenance referrer (a Sigstore bundle too, told from signatures by its predicate type annotation)."""
+    from bundler.format.mediatypes import ATTESTATION_PREDICATES, PREDICATE_TYPE_ANNOTATION
+
+    manifest = json.loads((blobs / entry["digest"][7:]).read_text())
+    return manifest.get("annotations", {}).get(PREDICATE_TYPE_ANNOTATION) in ATTESTATION_PREDICATES
 
 
 def _signature_payload(blobs: Path, entry: dict[str, Any]) -> bytes:
