@@ -100,6 +100,10 @@ def server_argv(binary: Path, target: Path, port: int, threads: int, slots: int 
     argv = [str(binary), "-m", str(target), "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
             "-tb", str(threads), "-np", str(slots), "-c", str(ctx_seq * slots), "-b", "512", "-ub", "512",
             "--no-webui", "--log-disable"]
+    from runner.engines.cpu import repack_weights
+
+    if not repack_weights():  # the same set-up as our engine (runner.engines.cpu): repacking for AMX crashes llama.cpp
+        argv.append("--no-repack")
     if spec_type is None:
         return argv
     if spec_type not in SPEC_TYPES:

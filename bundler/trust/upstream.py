@@ -8,7 +8,7 @@ bundler.trust.signature, a keyless Sigstore one through bundler.trust.sigstore_b
 
 from __future__ import annotations
 
-__all__ = ["SIGNATURE_NAME", "SIGNED_ROLES", "UpstreamTrust", "check_context", "find_signature", "match", "read_claims", "role_signatures", "verify"]
+__all__ = ["SIGNATURE_NAME", "SIGNED_ROLES", "UpstreamTrust", "check_bundle", "check_context", "find_signature", "match", "read_claims", "role_signatures", "verify"]
 
 import base64
 import hashlib

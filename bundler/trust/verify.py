@@ -8,7 +8,7 @@ version, listing exactly its files, over this manifest, not expired, not a rollb
 from __future__ import annotations
 
 __all__ = [
-    "MAX_SIGNATURES", "VerifyReport", "check_expiry", "check_files", "check_layer_roles",
+    "Check", "MAX_SIGNATURES", "VerifyReport", "check_expiry", "check_files", "check_layer_roles",
     "signed_before_download", "verify_bundle",
 ]
 

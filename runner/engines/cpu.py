@@ -6,7 +6,7 @@ Numbers from a CPU with AMX (a bf16 verify pass of 5 tokens costs about one step
 
 from __future__ import annotations
 
-__all__ = ["EXTENSIONS", "cpu_info"]
+__all__ = ["EXTENSIONS", "cpu_info", "repack_weights"]
 
 import os
 import platform
@@ -31,3 +31,10 @@ def cpu_info() -> dict:
         pass
     return {"model": model, "extensions": [name for flag, name in EXTENSIONS.items() if flag in flags],
             "cores": os.cpu_count()}
+
+
+def repack_weights() -> bool:
+    """Whether llama.cpp may repack weights into its extra CPU buffer types. Not on a CPU with AMX: llama.cpp
+    0.3.36's AMX buffer type crashes the process (SIGSEGV) on the first decode of the demo's Q4_1 target on a
+    2-core Xeon with AMX (2026-12-06), the same file decodes with repacking off; llama-server's `--no-repack`."""
+    return "AMX" not in cpu_info()["extensions"]

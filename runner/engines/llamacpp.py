@@ -18,6 +18,7 @@ import ctypes
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,12 +51,37 @@ def _errors_logged() -> Iterator[list[str]]:
         llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
+@contextlib.contextmanager
+def _model_params(repack: bool) -> Iterator[None]:
+    """llama-cpp-python's Llama has no argument for `use_extra_bufts`: its default model parameters, with it
+    set, for the loads inside this block (the engine loads its models one at a time, on one thread)."""
+    import llama_cpp.llama_cpp as capi
+
+    if repack:
+        yield
+        return
+    default = capi.llama_model_default_params
+
+    def params() -> Any:
+        chosen = default()
+        chosen.use_extra_bufts = False
+        return chosen
+
+    capi.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        capi.llama_model_default_params = default
+
+
 def open_llama(path: str | Path, **kwargs):
     """llama_cpp.Llama(model_path=path, verbose=False, **kwargs); a file llama.cpp refuses is
     BundleError("invalid-bundle") with llama.cpp's own reason."""
     import llama_cpp
 
-    with _errors_logged() as errors:
+    from runner.engines.cpu import repack_weights
+
+    with _errors_logged() as errors, _model_params(repack_weights()):
         try:
             return llama_cpp.Llama(model_path=str(path), **{"verbose": False, **kwargs})
         except ValueError:  # llama-cpp-python's "Failed to load model from file", the cause in the log

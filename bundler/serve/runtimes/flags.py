@@ -195,6 +195,10 @@ def _llama_server(prepared: Prepared, opts: RuntimeOptions, port: int) -> Launch
     argv = [str(binary), "-m", str(prepared.gguf("target")), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
             "-tb", str(threads), "-np", str(opts.sequences), "-c", str(opts.context * opts.sequences), "--alias",
             prepared.info["ref"], "--metrics", "--no-webui"]
+    from runner.engines.cpu import repack_weights
+
+    if not repack_weights():  # as our llama.cpp engine loads: repacking for AMX crashes llama.cpp 0.3.36 (runner.engines.cpu)
+        argv.append("--no-repack")
     if plan["method"] == "draft":
         argv += ["--spec-type", "draft-simple", "-md", str(prepared.gguf("draft")), "--spec-draft-n-max", str(plan["draft_tokens"]),
                  "-td", str(threads), "-tbd", str(threads)]
