@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,12 +96,16 @@ class Process:
 
     def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None, ready_path: str = "/health") -> None:
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # The log goes to a file, never an unread pipe: a server that logs every request (llama-server, or
+        # `serve --runtime`, which passes its runtime's log on) would block on a full pipe and stall mid-benchmark.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
                                      env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{argv[0]} exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"{argv[0]} exited {self.proc.returncode}: {self.log.read()[-2000:]}")
             try:
                 if httpx.get(self.url + ready_path, timeout=2).status_code == 200:
                     return

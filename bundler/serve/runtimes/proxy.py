@@ -201,7 +201,13 @@ async def _forward(g: Governed, request: Request) -> Response:
     started = time.perf_counter()
     g.inflight += 1
     try:
-        upstream = await client.send(outgoing, stream=True)
+        try:
+            upstream = await client.send(outgoing, stream=True)
+        except httpx.RemoteProtocolError:
+            # A kept-alive connection the runtime closed as the request went out (llama-server's HTTP library
+            # closes one after a few requests): nothing was answered, so the request is sent once more on a fresh one.
+            outgoing = client.build_request(request.method, f"{g.upstream}{path}", params=request.url.query or None, headers=headers, content=body)
+            upstream = await client.send(outgoing, stream=True)
     except httpx.HTTPError as err:
         g.inflight -= 1
         _count(g, "error" if not isinstance(err, httpx.TimeoutException) else "timeout", started, None, b"")
