@@ -37,10 +37,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_bundle_options(parser, ref="")
     parser.add_argument("--clients", default="1,4,8")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1, help="uncounted turns each server answers first, per client count")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=5, help="prompts of the set")
     parser.add_argument("--sequences", type=int, default=8, help="the runtime's slots (llama-server -np, vLLM --max-num-seqs)")
     parser.add_argument("--no-draft", action="store_true", help="both runtimes decode the target alone")
+    parser.add_argument("--dtype", help="vLLM's --dtype over the bundle's, for both (float32 is vLLM CPU's fastest on 2 cores)")
     parser.add_argument("--out")
 
 
@@ -77,14 +79,19 @@ def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespac
     """Per client count: A B B A turns per round; tokens/s and TTFT p99 of each, and governed / hand ratios."""
     out: dict[str, Any] = {}
     for clients in [int(c) for c in args.clients.split(",")]:
-        totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": []} for name in servers}
+        totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": [], "turns": []} for name in servers}
+        for _ in range(args.warmup):  # a runtime's first requests (page faults of the weights, buffers) are not its speed
+            for name in servers:
+                turn(servers[name], prompts, clients, args, model)
         for _ in range(args.rounds):
             for name in ("governed", "hand", "hand", "governed"):
                 got = turn(servers[name], prompts, clients, args, model)
                 totals[name]["tokens"] += got["tokens"]
                 totals[name]["wall_s"] += got["wall_s"]
                 totals[name]["ttft_s"] += got["ttft_s"]
-        row = {name: {"tokens_per_second": t["tokens"] / t["wall_s"], "ttft_p99_s": percentile(t["ttft_s"], 0.99)} for name, t in totals.items()}
+                totals[name]["turns"].append(round(got["tokens"] / got["wall_s"], 2))
+        row = {name: {"tokens_per_second": t["tokens"] / t["wall_s"], "ttft_p99_s": percentile(t["ttft_s"], 0.99), "turns": t["turns"]}
+               for name, t in totals.items()}
         row["tps_ratio"] = row["governed"]["tokens_per_second"] / row["hand"]["tokens_per_second"]
         row["ttft_p99_ratio"] = row["governed"]["ttft_p99_s"] / row["hand"]["ttft_p99_s"]
         out[str(clients)] = row
@@ -98,11 +105,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from bundler.store.layout import Store
     from bundler.store.refs import parse_ref
 
+    load_at_start = Path("/proc/loadavg").read_text().split()[:3]
     args.ref = args.ref or (TORCH_REF if args.runtime == "vllm" else GGUF_REF)
     prompts = read_prompt_set(args.prompts)[: args.limit]
-    opts = RuntimeOptions(args.runtime, binary=args.runtime_bin, speculate=not args.no_draft, sequences=args.sequences, context=4096)
+    opts = RuntimeOptions(args.runtime, binary=args.runtime_bin, speculate=not args.no_draft, sequences=args.sequences, context=4096,
+                          dtype=args.dtype)
     extra = ["--runtime", args.runtime, "--sequences", str(args.sequences), *(["--runtime-bin", args.runtime_bin] if args.runtime_bin else []),
-             *(["--no-draft"] if args.no_draft else [])]
+             *(["--no-draft"] if args.no_draft else []), *(["--dtype", args.dtype] if args.dtype else [])]
     source = StoreSource(Store(Path(args.store)), parse_ref(args.ref))
     footprint = {"context": opts.context, "sequences": opts.sequences, "dtype": "float32"}
     with prepared(source, trusted_keys(args.key), footprint) as checked:
@@ -121,7 +130,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             hand.stop()
     return {"runtime": args.runtime, "ref": args.ref, "translation": launch.shown(), "clients": results,
-            "max_tokens": args.max_tokens, "prompts": len(prompts), "rounds": args.rounds, "machine": machine()}
+            "max_tokens": args.max_tokens, "prompts": len(prompts), "rounds": args.rounds, "warmup": args.warmup,
+            "load_average_at_start": [float(x) for x in load_at_start], "machine": machine()}
 
 
 def main(argv: list[str] | None = None) -> None:
