@@ -6,6 +6,7 @@ lists its options); it prints one JSON object, and writes it to `--out` too:
     python benchmarks/serve_bench.py --mode ab [--a "--sequences 1 --no-draft"] [--b llama-server] [--stream]
     python benchmarks/serve_bench.py --mode vs-run [--limit 4] [--rounds 2]
     python benchmarks/serve_bench.py --mode batch-cost --target TARGET.gguf|MODEL_DIR [--sequences 1,2,4,8] [--k 0,2,4]
+    python benchmarks/serve_bench.py --mode profile --target MODEL_DIR [--sequences 1,4,8,16] [--dtype bfloat16]
     python benchmarks/serve_bench.py --mode guard-cost [--limit 24]
     python benchmarks/serve_bench.py --mode fleet [--tiny]
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 MODES = {"load": "serving.load", "ab": "serving.ab", "vs-run": "serving.vs_run", "batch-cost": "serving.batch_cost",
-         "guard-cost": "serving.guard_cost", "fleet": "serving.fleet"}
+         "guard-cost": "serving.guard_cost", "fleet": "serving.fleet", "profile": "serving.step_profile"}
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, object]:

@@ -125,7 +125,13 @@ def serve_runtime(source: Source, trusted: Mapping[str, Any], settings: ServeSet
     config = uvicorn.Config(build_proxy(g), host=settings.host, port=settings.port, log_level="warning", access_log=False,
                             http=protocol_class(settings.limits), lifespan="off",
                             timeout_graceful_shutdown=int(min(settings.time_limit_s, DRAIN_LIMIT_S)))
-    server = server_class()(config)
+    class Server(server_class()):
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            if g.client is not None:  # the pool to the runtime, closed in the loop that made it
+                await g.client.close()
+
+    server = Server(config)
     url = f"http://{settings.host}:{settings.port}"
 
     def ready(info: dict[str, Any]) -> None:
