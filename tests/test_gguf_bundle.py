@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import BundleError
-from runner.checks import gguf_model
+from runner.checks import gguf_header, gguf_tokenizer_gate
 from runner.engines import llamacpp
 from runner.run import run_unpacked
 from tests.tinygguf import tokenizer_fields, write_gguf
@@ -66,8 +66,8 @@ def test_gguf_pair_runs_on_the_llama_cpp_engine_with_the_target_greedy_output(tm
     prompt = target.llm.tokenize(b"the quick brown fox", add_bos=False)
     assert result["engine"] == "llama.cpp"
     assert result["tokens"] == generate_plain(target, prompt, 12, eos_ids={2}).tokens
-    assert result["tokenizer"]["fingerprint"] == gguf_model.fingerprint(
-        gguf_model.tokenizer_metadata(gguf_model.read_header(root / "target" / "model.gguf")))
+    assert result["tokenizer"]["fingerprint"] == gguf_tokenizer_gate.fingerprint(
+        gguf_tokenizer_gate.tokenizer_metadata(gguf_header.read_header(root / "target" / "model.gguf")))
 
 
 def test_a_pair_mixing_gguf_and_safetensors_is_refused(tmp_path, no_weights_load):
@@ -102,7 +102,7 @@ def test_a_gguf_pair_loaded_once_generates_what_run_unpacked_does(tmp_path):
     assert once["tokens"] == run_unpacked(root, ROLES, {"min_size_ratio": 1}, "the quick brown fox", max_new_tokens=12, raw=True)["tokens"]
 
 
-# --- the header reader (runner.checks.gguf_model._Header) against the gguf package's own ---------------------------
+# --- the header reader (runner.checks.gguf_header._Header) against the gguf package's own ---------------------------
 
 def _their_header(path: Path) -> dict:
     """What gguf.GGUFReader reads from the same header (the way read_header used it before)."""
@@ -124,7 +124,7 @@ def _their_header(path: Path) -> dict:
 
 
 def test_the_header_reader_reads_what_the_gguf_package_reads(tmp_path: Path) -> None:
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
     from tests.tinygguf import write_gguf
 
     path = write_gguf(tmp_path / "m.gguf", tokenizer={"add_bos_token": True})
@@ -136,7 +136,7 @@ def test_the_header_reader_reads_what_the_gguf_package_reads(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("cut", [3, 10, 30, 200, -100])
 def test_a_truncated_or_garbled_header_is_refused_as_invalid(tmp_path: Path, cut: int) -> None:
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
     from tests.tinygguf import write_gguf
 
     data = write_gguf(tmp_path / "m.gguf").read_bytes()
@@ -151,7 +151,7 @@ def test_a_truncated_or_garbled_header_is_refused_as_invalid(tmp_path: Path, cut
 def test_a_huge_array_count_is_refused_without_reading_it(tmp_path: Path) -> None:
     import struct
 
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
 
     key = b"tokenizer.ggml.tokens"
     data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 60)
