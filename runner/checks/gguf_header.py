@@ -1,7 +1,7 @@
 """A GGUF file's header read by our own bounded reader: metadata and tensor shapes, no tensor data.
 
 Why not gguf.GGUFReader: it builds numpy views for every element of every array, most of the time to a GGUF
-bundle's first token for a real vocabulary (docs/benchmarks.md); tests/test_gguf_bundle.py checks both agree.
+bundle's first token for a real vocabulary (docs/benchmarks.md); tests/test_gguf_header.py checks both agree.
 The file may be hostile (a signed bundle is not a well-formed one), so every step is bounds-checked and what
 llama.cpp's own reader refuses is refused here first, with the cost of the metadata llama.cpp would hold.
 """
@@ -46,7 +46,7 @@ class _Header:
     (ggml/src/gguf.cpp) refuses: nested arrays, duplicate keys and tensor names, more than 4 dimensions.
 
     Why not gguf.GGUFReader: it builds numpy views for every element of every array, most of the time to a
-    GGUF bundle's first token for a real vocabulary (docs/benchmarks.md). tests/test_gguf_bundle.py checks both agree.
+    GGUF bundle's first token for a real vocabulary (docs/benchmarks.md). tests/test_gguf_header.py checks both agree.
     Memory: an array that is not kept is stepped over without building anything; a kept one is built as its
     final list directly (no intermediate tuple), so the reader holds about what it returns
     (tests/test_hostile_gguf.py measures it)."""
