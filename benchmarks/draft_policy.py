@@ -34,7 +34,7 @@ from runner.pair import prompt_ids  # noqa: E402
 from runner.run import eos_ids, runtime_draft, runtime_target  # noqa: E402
 from runner.engines.torch_engine import model_logits, new_cache  # noqa: E402
 from runner.decoding.speculative import generate_plain  # noqa: E402
-from runner.checks.tokenizer_gate import load_spec  # noqa: E402
+from runner.checks.tokenizer_spec import load_spec  # noqa: E402
 from benchmarks.quick_prompts import quick_lines  # noqa: E402
 
 KMAX = 8

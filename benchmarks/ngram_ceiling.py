@@ -42,7 +42,7 @@ from runner.decoding.speculative import generate_plain  # noqa: E402
 from runner.decoding.stats import Stats  # noqa: E402
 from runner.engines import llamacpp  # noqa: E402
 from runner.gguf_run import GGUFTokenizer  # noqa: E402
-from runner.checks import gguf_model  # noqa: E402
+from runner.checks import gguf_header, gguf_model  # noqa: E402
 
 LONGEST = 9  # proposals up to 9 tokens: passes of up to 10
 
@@ -154,7 +154,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     target = gguf_model.gguf_files(args.ctx / "target")[0]
-    tokenizer = GGUFTokenizer(target, gguf_model.read_header(target)["metadata"])
+    tokenizer = GGUFTokenizer(target, gguf_header.read_header(target)["metadata"])
     prompts = read_prompts(args.prompts)
     ids = [tokenizer.prompt_ids(p.text, raw=False) for p in prompts]
     results = [measure(path, ids, [p.category for p in prompts], tokenizer.eos_ids(), args.max_new_tokens, args.threads)

@@ -232,7 +232,7 @@ def greedy_pairs(model_dir: Path, gguf_path: Path, prompts: list[list[int]], new
 def check_prompt_ids(gguf_path: Path, count: int = 4) -> list[list[int]]:
     """The first `count` held-out prompts (runner/bench/prompts.jsonl) through the file's own chat template."""
     sys.path.insert(0, str(ROOT))
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
     from runner.gguf_run import GGUFTokenizer
 
     tokenizer = GGUFTokenizer(gguf_path, read_header(gguf_path)["metadata"])

@@ -32,7 +32,8 @@ from runner.checks.pairing import check_pairing
 from runner.decoding.run_history import with_history
 from runner.decoding.methods import DRAFT_FREE_METHODS
 from runner.decoding.settings import DecodingSettings, cache_tokens, draft_length, thread_count
-from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files, load_spec
+from runner.checks.tokenizer_gate import check_config_agrees, check_tokenizers, has_tokenizer_files
+from runner.checks.tokenizer_spec import load_spec
 
 
 def _torch_has_cuda() -> bool:

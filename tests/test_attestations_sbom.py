@@ -108,14 +108,14 @@ def test_a_gguf_model_is_described_from_its_header(tmp_path: Path) -> None:
     from tests.tinygguf import write_gguf
 
     from bundler.trust import sbom
-    from runner.checks import gguf_model
+    from runner.checks import gguf_header, gguf_model
 
     model = tmp_path / "target"
     model.mkdir()
     write_gguf(model / "model.gguf")
     facts = sbom.model_facts(model)
     assert (facts.format, facts.family, facts.quantization) == ("gguf", "llama", "ALL_F32")
-    assert facts.parameters == gguf_model.parameters(gguf_model.read_header(model / "model.gguf")) > 0
+    assert facts.parameters == gguf_model.parameters(gguf_header.read_header(model / "model.gguf")) > 0
 
 
 def test_verify_require_refuses_an_sbom_signed_by_a_key_it_does_not_trust(tree: Path, store_dir: Path, keypair, other_keypair) -> None:

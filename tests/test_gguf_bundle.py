@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import BundleError
-from runner.checks import gguf_model
+from runner.checks import gguf_header, gguf_tokenizer_gate
 from runner.engines import llamacpp
 from runner.run import run_unpacked
 from tests.tinygguf import tokenizer_fields, write_gguf
@@ -66,8 +66,8 @@ def test_gguf_pair_runs_on_the_llama_cpp_engine_with_the_target_greedy_output(tm
     prompt = target.llm.tokenize(b"the quick brown fox", add_bos=False)
     assert result["engine"] == "llama.cpp"
     assert result["tokens"] == generate_plain(target, prompt, 12, eos_ids={2}).tokens
-    assert result["tokenizer"]["fingerprint"] == gguf_model.fingerprint(
-        gguf_model.tokenizer_metadata(gguf_model.read_header(root / "target" / "model.gguf")))
+    assert result["tokenizer"]["fingerprint"] == gguf_tokenizer_gate.fingerprint(
+        gguf_tokenizer_gate.tokenizer_metadata(gguf_header.read_header(root / "target" / "model.gguf")))
 
 
 def test_a_pair_mixing_gguf_and_safetensors_is_refused(tmp_path, no_weights_load):
@@ -100,66 +100,6 @@ def test_a_gguf_pair_loaded_once_generates_what_run_unpacked_does(tmp_path):
     assert pair.engine == "llama.cpp" and pair.forward() == {"target": "llama.cpp", "draft": "llama.cpp"}
     once = generate(pair, pair.prompt_ids("the quick brown fox", raw=True), max_new_tokens=12)
     assert once["tokens"] == run_unpacked(root, ROLES, {"min_size_ratio": 1}, "the quick brown fox", max_new_tokens=12, raw=True)["tokens"]
-
-
-# --- the header reader (runner.checks.gguf_model._Header) against the gguf package's own ---------------------------
-
-def _their_header(path: Path) -> dict:
-    """What gguf.GGUFReader reads from the same header (the way read_header used it before)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path), "r")
-
-    def value(field):
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            if field.types[-1] == gguf.GGUFValueType.STRING:
-                return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-            return [field.parts[i].tolist()[0] for i in field.data]
-        if field.types[0] == gguf.GGUFValueType.STRING:
-            return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
-        return field.parts[field.data[0]].tolist()[0]
-
-    metadata = {k: value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.") and k != "tokenizer.chat_template"}
-    return {"metadata": metadata, "tensors": {t.name: (tuple(int(d) for d in t.shape), int(t.n_bytes)) for t in reader.tensors}}
-
-
-def test_the_header_reader_reads_what_the_gguf_package_reads(tmp_path: Path) -> None:
-    from runner.checks.gguf_model import read_header
-    from tests.tinygguf import write_gguf
-
-    path = write_gguf(tmp_path / "m.gguf", tokenizer={"add_bos_token": True})
-    ours = read_header(path)
-    assert {key: ours[key] for key in ("metadata", "tensors")} == _their_header(path)
-    assert ours["other_metadata"][0] > 0  # the reader's own figure: what llama.cpp would hold besides the vocabulary
-    assert ours["metadata"]["tokenizer.ggml.add_bos_token"] is True and isinstance(ours["metadata"]["tokenizer.ggml.tokens"], list)
-
-
-@pytest.mark.parametrize("cut", [3, 10, 30, 200, -100])
-def test_a_truncated_or_garbled_header_is_refused_as_invalid(tmp_path: Path, cut: int) -> None:
-    from runner.checks.gguf_model import read_header
-    from tests.tinygguf import write_gguf
-
-    data = write_gguf(tmp_path / "m.gguf").read_bytes()
-    header_end = data.index(b"token_embd.weight") + 200  # inside the tensor infos
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(data[:cut] if cut > 0 else data[: header_end + cut // 10])
-    with pytest.raises(BundleError) as err:
-        read_header(bad)
-    assert err.value.code == "invalid-bundle" and "not a readable GGUF file" in err.value.message
-
-
-def test_a_huge_array_count_is_refused_without_reading_it(tmp_path: Path) -> None:
-    import struct
-
-    from runner.checks.gguf_model import read_header
-
-    key = b"tokenizer.ggml.tokens"
-    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 60)
-    path = tmp_path / "huge.gguf"
-    path.write_bytes(data)
-    with pytest.raises(BundleError) as err:
-        read_header(path)
-    assert err.value.code == "invalid-bundle" and "longer than the file" in err.value.message
 
 
 def test_a_chat_template_cannot_reach_pythons_internals() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from demo.export_draft_gguf import export_llama_gguf, greedy_pairs, permute
-from runner.checks import gguf_model
+from runner.checks import gguf_header, gguf_tokenizer_gate
 from runner.engines import llamacpp
 from tests.tinygguf import tokenizer_fields, write_gguf
 from tests.tinymodels import tiny_llama
@@ -69,9 +69,9 @@ def test_without_the_qk_permutation_the_logits_differ(exported, monkeypatch, tmp
 
 
 def test_exported_gguf_carries_the_source_tokenizer_so_the_gate_passes(exported):
-    headers = {role: gguf_model.read_header(exported[key]) for role, key in (("target", "source"), ("draft", "gguf"))}
+    headers = {role: gguf_header.read_header(exported[key]) for role, key in (("target", "source"), ("draft", "gguf"))}
     files = {"target": exported["source"], "draft": exported["gguf"]}
-    assert gguf_model.check_tokenizers(files, headers) == gguf_model.fingerprint(gguf_model.tokenizer_metadata(headers["target"]))
+    assert gguf_tokenizer_gate.check_tokenizers(files, headers) == gguf_tokenizer_gate.fingerprint(gguf_tokenizer_gate.tokenizer_metadata(headers["target"]))
 
 
 def test_permute_interleaves_the_two_rotary_halves_of_each_head():

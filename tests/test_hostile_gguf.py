@@ -14,7 +14,7 @@ import pytest
 
 from core.errors import BundleError
 from conftest import run_bundle
-from runner.checks import gguf_model
+from runner.checks import gguf_header, gguf_model, gguf_tokenizer_gate
 from runner.run import run_unpacked
 from tests.tinygguf import tokenizer_fields, write_gguf
 from tests.tinymodels import make_pair
@@ -54,7 +54,7 @@ def _refused(tmp_path: Path, data: bytes, expect: str) -> None:
     path = tmp_path / "hostile.gguf"
     path.write_bytes(data)
     with pytest.raises(BundleError) as err:
-        gguf_model.read_header(path)
+        gguf_header.read_header(path)
     assert err.value.code == "invalid-bundle" and "hostile.gguf is not a readable GGUF file" in err.value.message
     assert expect in err.value.message, err.value.message
 
@@ -98,14 +98,14 @@ def test_a_header_cut_anywhere_is_refused_as_invalid(tmp_path: Path) -> None:
     for cut in range(0, end, 5):
         (tmp_path / "cut.gguf").write_bytes(data[:cut])
         with pytest.raises(BundleError) as err:
-            gguf_model.read_header(tmp_path / "cut.gguf")
+            gguf_header.read_header(tmp_path / "cut.gguf")
         assert err.value.code == "invalid-bundle", cut
 
 
 def test_a_kept_array_longer_than_any_vocabulary_is_refused(tmp_path: Path) -> None:
-    count = gguf_model.MAX_ARRAY + 1
+    count = gguf_header.MAX_ARRAY + 1
     _refused(tmp_path, header([kv("tokenizer.ggml.token_type", ARRAY, array(UINT8, count, bytes(count)))]),
-             f"an array of {count:,} elements (at most {gguf_model.MAX_ARRAY:,} are read)")
+             f"an array of {count:,} elements (at most {gguf_header.MAX_ARRAY:,} are read)")
 
 
 # --- memory: of the order of what the reader keeps ----------------------------------------------------------
@@ -113,7 +113,7 @@ def test_a_kept_array_longer_than_any_vocabulary_is_refused(tmp_path: Path) -> N
 def _peak_reading(path: Path) -> tuple[int, dict]:
     tracemalloc.start()
     try:
-        got = gguf_model.read_header(path)
+        got = gguf_header.read_header(path)
         return tracemalloc.get_traced_memory()[1], got
     finally:
         tracemalloc.stop()
@@ -149,7 +149,7 @@ def test_the_kept_tokenizer_arrays_cost_about_what_is_kept(tmp_path: Path) -> No
     ]))
     tracemalloc.start()
     try:
-        got = gguf_model.read_header(path)
+        got = gguf_header.read_header(path)
         kept, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -206,16 +206,16 @@ def test_weights_llama_cpp_refuses_at_load_are_refused_with_its_reason(tmp_path:
 @pytest.mark.parametrize("field,value", [("eos_token_id", "two"), ("tokens", [1, 2, 3]), ("add_bos_token", 1)])
 def test_tokenizer_metadata_of_the_wrong_type_is_refused(tmp_path: Path, field: str, value) -> None:
     root = _pair(tmp_path)
-    headers = {role: gguf_model.read_header(root / role / "model.gguf") for role in ROLES}
+    headers = {role: gguf_header.read_header(root / role / "model.gguf") for role in ROLES}
     headers["draft"]["metadata"][f"tokenizer.ggml.{field}"] = value
     files = {role: root / role / "model.gguf" for role in ROLES}
     with pytest.raises(BundleError) as err:
-        gguf_model.check_tokenizers(files, headers)
+        gguf_tokenizer_gate.check_tokenizers(files, headers)
     assert err.value.code == "invalid-bundle" and f"tokenizer.ggml.{field} is" in err.value.message
 
 
 def test_sizes_of_the_wrong_type_are_refused_by_the_memory_estimate(tmp_path: Path) -> None:
-    header_ = gguf_model.read_header(write_gguf(tmp_path / "m.gguf", **SMALL))
+    header_ = gguf_header.read_header(write_gguf(tmp_path / "m.gguf", **SMALL))
     header_["metadata"]["llama.block_count"] = "many"
     with pytest.raises(BundleError) as err:
         gguf_model.estimate_memory({"target": header_}, 64)
@@ -248,9 +248,9 @@ def test_inspect_shows_the_tokenizer_fingerprint_run_uses_on_a_gguf_bundle(tmp_p
     store, ref = str(tmp_path / "store"), "gguf-inspect:1"
     run_bundle("pack", str(ctx), "-t", ref, "--key", str(keypair[0]), "--store", store, check=True)
     info = json.loads(run_bundle("inspect", ref, "--json", "--key", str(keypair[1]), "--store", store, check=True).out)
-    target = gguf_model.read_header(ctx / "target" / "model.gguf")
+    target = gguf_header.read_header(ctx / "target" / "model.gguf")
     uses = run_unpacked(ctx, ROLES, {"min_size_ratio": 1}, "hi", max_new_tokens=1, raw=True)["tokenizer"]["fingerprint"]
-    assert info["tokenizer"]["fingerprint"] == uses == gguf_model.fingerprint(gguf_model.tokenizer_metadata(target))
+    assert info["tokenizer"]["fingerprint"] == uses == gguf_tokenizer_gate.fingerprint(gguf_tokenizer_gate.tokenizer_metadata(target))
     assert info["tokenizer"]["fingerprint"] != tokenizer_gate.fingerprint(ctx / "tokenizer")
     assert info["models"]["target"]["parameters"] == gguf_model.parameters(target)
     shown = run_bundle("inspect", ref, "--key", str(keypair[1]), "--store", store, check=True).out

@@ -2,7 +2,7 @@
 
 llama.cpp's gguf reader keeps every metadata value it reads, a std::string per element of a string array
 (about 32 bytes each, plus the bytes), so a 48 MiB array of one-byte strings under a key nothing needs cost
-the forked probe some 250 MB. The header reader (runner/checks/gguf_model.py) now refuses metadata besides the
+the forked probe some 250 MB. The header reader (runner/checks/gguf_header.py) now refuses metadata besides the
 vocabulary arrays past MAX_OTHER_METADATA before llama.cpp sees the file. Measured here on real processes: the
 peak resident size (ru_maxrss) of `bundle pack` and everything it forks, with and without such an array.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import BundleError
-from runner.checks import gguf_model
+from runner.checks import gguf_header
 from tests.fleet import ROOT
 from tests.tinygguf import write_gguf
 from tests.tinymodels import make_pair
@@ -99,9 +99,9 @@ def test_metadata_under_the_bound_still_packs(tmp_path: Path) -> None:
 def test_a_scores_array_longer_than_any_vocabulary_is_refused_by_the_header_reader(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     write_gguf(path, **SMALL)
-    _with_array(path, "tokenizer.ggml.scores", UINT8, gguf_model.MAX_ARRAY + 1, b"\x00")
+    _with_array(path, "tokenizer.ggml.scores", UINT8, gguf_header.MAX_ARRAY + 1, b"\x00")
     with pytest.raises(BundleError) as err:
-        gguf_model.read_header(path)
+        gguf_header.read_header(path)
     assert err.value.code == "invalid-bundle" and "at most 2,097,152 are read" in err.value.message
 
 
@@ -109,9 +109,9 @@ def test_the_header_reader_measures_what_llama_cpp_would_hold_of_the_rest(tmp_pa
     """Bytes in the file plus a std::string per string element, for every string and array but the vocabulary's."""
     path = tmp_path / "m.gguf"
     write_gguf(path, **SMALL)
-    base, _ = gguf_model.read_header(path)["other_metadata"]
+    base, _ = gguf_header.read_header(path)["other_metadata"]
     _with_array(path, "general.padding", STRING, 1000, _gguf_string(b"x"))
-    cost, key = gguf_model.read_header(path)["other_metadata"]
+    cost, key = gguf_header.read_header(path)["other_metadata"]
     assert key == "general.padding"
-    array = 4 + 8 + 1000 * (9 + gguf_model.STRING_COST)  # type, count, elements: the string the key is not counted
+    array = 4 + 8 + 1000 * (9 + gguf_header.STRING_COST)  # type, count, elements: the string the key is not counted
     assert cost - base >= array

@@ -74,7 +74,7 @@ def test_hostile_referrers_response_is_a_registry_error(packed: Path, tmp_path: 
 def test_thousands_of_referrers_cost_at_most_32_requests(packed: Path, tmp_path: Path, keypair) -> None:
     """2 x MAX_SIGNATURES listed referrers are read, each missing one skipped (one bad referrer must not end
     the pull: issue #40), the rest never asked for."""
-    from bundler.trust.verify import MAX_SIGNATURES
+    from bundler.trust.signature_checks import MAX_SIGNATURES
 
     fake = [{"mediaType": OCI_MANIFEST, "digest": f"sha256:{i:064x}", "size": 100, "artifactType": "application/vnd.dev.sigstore.bundle.v0.3+json"} for i in range(3000)]
     listing = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": fake}).encode()

@@ -41,7 +41,7 @@ def _record_digests(store: Path) -> set[str]:
 
 def _attach_all(store: Path, ref: str, host: str) -> None:
     """An attacker with push rights attaches every record of `store` to the bundle in the registry, past push's limits."""
-    from bundler.registry import pull as pulling, push as pushing
+    from bundler.registry import push as pushing, remote
     from bundler.registry.client import client_for
     from bundler.store.modelkit import load_modelkit
     from bundler.store.refs import parse_ref
@@ -55,7 +55,7 @@ def _attach_all(store: Path, ref: str, host: str) -> None:
     records = []
     for desc in find_records(s, digest):
         _, manifest = s.read_json_blob(desc)
-        blobs = [pulling._descriptor(x, "record") for x in [manifest["config"], *manifest["layers"]]]
+        blobs = [remote._descriptor(x, "record") for x in [manifest["config"], *manifest["layers"]]]
         for blob in blobs:
             uploader.upload(blob, "record blob")
         records.append((desc, s.read_json_blob(desc)[0], blobs))

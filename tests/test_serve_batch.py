@@ -92,7 +92,7 @@ def _same_up_to_ties(store: Path, prompt: str, alone: str, batched: str, max_tok
     if alone == batched:
         return True
     from runner.engines.llamacpp import load
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
     from runner.gguf_run import GGUFTokenizer
 
     path = store / "ctx" / "target" / "model.gguf"
@@ -144,7 +144,7 @@ def test_a_request_joins_and_leaves_while_a_long_one_decodes(server: Server, sto
 
 def test_a_request_sharing_an_earlier_ones_prompt_prefix_reuses_its_cells_and_answers_as_bundle_run(server: Server, store: Path,
                                                                                                     keypair) -> None:
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
     from runner.gguf_run import GGUFTokenizer
 
     first, second = "the quick brown fox jumps over", "the quick brown fox sleeps in"
@@ -165,7 +165,7 @@ def test_a_prompt_asked_again_after_its_sequence_served_another_comes_back_from_
     """One sequence: A, then B (another start), then A again: with the prompt cache (on by default) A's cells
     come back from host memory and only its last token is prefilled; with --prompt-cache 0 they are gone. The
     answers are the same either way."""
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
     from runner.gguf_run import GGUFTokenizer
 
     a, b = "the quick brown fox jumps over the lazy dog", "lossless decoding of tokens"

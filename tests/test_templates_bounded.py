@@ -183,7 +183,7 @@ def test_a_template_in_chat_template_jinja_through_transformers_is_bounded(tmp_p
 
 def test_a_template_in_gguf_metadata_is_bounded(tmp_path: Path) -> None:
     """A GGUF file's tokenizer.chat_template (the file's own llama.cpp tokenizer, as gguf_run loads it)."""
-    from runner.checks.gguf_model import read_header
+    from runner.checks.gguf_header import read_header
     from runner.gguf_run import GGUFTokenizer
     from tests.tinygguf import write_gguf
 

@@ -50,14 +50,14 @@ def _phase(index: int, role: str, tokens: int) -> str:
 
 def _measure(args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], int]:
     """Seconds, tokens, and each phase's seconds and calls, summed per kind (plain, speculative); runs of each kind."""
-    from runner.checks import gguf_model
+    from runner.checks import gguf_header
     from runner.decoding.speculative import generate_plain, generate_speculative
     from runner.engines import llamacpp
     from runner.gguf_run import GGUFTokenizer
 
     context = Path(args.context)
     target_file, draft_file = (next((context / role).glob("*.gguf")) for role in ("target", "draft"))
-    tokenizer = GGUFTokenizer(target_file, gguf_model.read_header(target_file)["metadata"])
+    tokenizer = GGUFTokenizer(target_file, gguf_header.read_header(target_file)["metadata"])
     ids = [tokenizer.prompt_ids(p, raw=False) for p in read_prompt_set(args.prompts)[: args.limit]]
     eos, n_ctx = tokenizer.eos_ids(), max(map(len, ids)) + args.max_new_tokens + 20
     target, draft = llamacpp.load(target_file, n_ctx=n_ctx, threads=2), llamacpp.load(draft_file, n_ctx=n_ctx, threads=2)

@@ -75,7 +75,7 @@ def upstream_trusts(key_values: tuple[str, ...], identity_values: tuple[str, ...
 def check_upstream(store: Store, report: Any, trusts: dict[str, Any]) -> None:
     """The publishers' signatures, as one more check of the report (bundler.trust.upstream.check_bundle)."""
     from bundler.trust.upstream import check_bundle
-    from bundler.trust.verify import Check
+    from bundler.trust.verify_report import Check
 
     try:
         signers = check_bundle(store, report, trusts)

@@ -20,7 +20,7 @@ from bundler.serve.request_guard import protocol_class
 from bundler.serve.settings import BatchSettings, ServeSettings
 from bundler.serve.sources import Loaded, Source
 from bundler.serve.worker import OnRecord, Requests, SerialWorker, Worker
-from bundler.trust.verify import VerifyReport
+from bundler.trust.verify_report import VerifyReport
 from runner.checks.context_window import prompt_byte_limit
 from runner.pair import LoadedPair
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping, Protocol
 from bundler.store.layout import Store
 from bundler.store.refs import Ref
 from bundler.serve.settings import LoadOptions
-from bundler.trust.verify import VerifyReport
+from bundler.trust.verify_report import VerifyReport
 from bundler.verbs.fromdir import Expected
 from runner.pair import LoadedPair
 

@@ -24,7 +24,7 @@ from bundler.format.modelpack import layer_members, layer_path
 from bundler.format.tarformat import FileRecord
 from bundler.format.tarread import TarMember, extract_layer
 from bundler.store.layout import Store
-from bundler.trust.verify import VerifyReport
+from bundler.trust.verify_report import VerifyReport
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,11 @@ class ModelFacts:
 def model_facts(model_dir: Path, ranges: Mapping[Path, Any] | None = None) -> ModelFacts:
     """The facts of a model directory: a GGUF file's header, else config.json and the safetensors headers
     (`ranges`: weight files left in their layer blobs, as runner.checks.modelinfo takes them)."""
-    from runner.checks import gguf_model, modelinfo  # torch-free readers of headers
+    from runner.checks import gguf_header, gguf_model, modelinfo  # torch-free readers of headers
 
     ggufs = gguf_model.gguf_files(model_dir)
     if ggufs:
-        header = gguf_model.read_header(ggufs[0])
+        header = gguf_header.read_header(ggufs[0])
         meta = header["metadata"]
         return ModelFacts("gguf", gguf_model.parameters(header), None, _str(meta.get("general.architecture")),
                           quantization=_gguf_file_type(meta.get("general.file_type")))

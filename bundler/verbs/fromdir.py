@@ -39,7 +39,7 @@ from bundler.store.modelkit import strip_layer_info
 from bundler.store.refs import STORAGE_SCHEMES, parse_storage_reference, without_userinfo
 from bundler.trust import cosign, signature
 from bundler.trust.releases import ROLLBACK_STATE, memory, remember, version_key
-from bundler.trust.verify import check_expiry, check_files
+from bundler.trust.signature_checks import check_expiry, check_files
 from core.errors import BundleError
 
 EVIDENCE = ".specbundle"  # beside the bundle's files: what fetch verified, for serve --from-dir

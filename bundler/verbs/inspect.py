@@ -116,14 +116,14 @@ def _gguf_view(dirs: Mapping[str, Path], max_tokens: int) -> dict[str, Any]:
     """tokenizer, models and memory of a GGUF bundle from its files' headers. The fingerprint is the one
     `bundle run` reports and gates on: the target GGUF file's own tokenizer metadata (runner.checks.gguf_model),
     which is what llama.cpp tokenizes with; a `tokenizer` role beside it is not used by a GGUF run."""
-    from runner.checks import gguf_model
+    from runner.checks import gguf_header, gguf_model, gguf_tokenizer_gate
 
     try:
-        headers = {role: gguf_model.read_header(gguf_model.gguf_files(d)[0]) for role, d in dirs.items()}
+        headers = {role: gguf_header.read_header(gguf_model.gguf_files(d)[0]) for role, d in dirs.items()}
     except BundleError as err:
         return {"tokenizer": {"fingerprint": None, "error": err.line()}, "models": {"error": err.line()}}
     out: dict[str, Any] = {
-        "tokenizer": {"fingerprint": gguf_model.fingerprint(gguf_model.tokenizer_metadata(headers["target"])),
+        "tokenizer": {"fingerprint": gguf_tokenizer_gate.fingerprint(gguf_tokenizer_gate.tokenizer_metadata(headers["target"])),
                       "source": "target GGUF metadata"},
         "models": {role: {"parameters": gguf_model.parameters(h)} for role, h in headers.items()},
     }

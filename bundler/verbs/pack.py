@@ -115,12 +115,12 @@ def _param_size(count: int) -> str:
 def _model_facts(context: Path, kitfile: Kitfile) -> dict[str, Any]:
     """The ModelPack config's model facts, read from the target's headers (no weights): family, format,
     parameter size, precision, quantization."""
-    from runner.checks import gguf_model, modelinfo  # torch-free; read only for a ModelPack
+    from runner.checks import gguf_header, gguf_model, modelinfo  # torch-free; read only for a ModelPack
 
     target = context / kitfile.role_paths()["target"]
     ggufs = gguf_model.gguf_files(target)
     if ggufs:
-        header = gguf_model.read_header(ggufs[0])
+        header = gguf_header.read_header(ggufs[0])
         family = header["metadata"].get("general.architecture")
         return {"family": family, "architecture": "transformer", "format": "gguf", "paramSize": _param_size(gguf_model.parameters(header))}
     config = modelinfo.read_raw_config(target)

@@ -21,7 +21,8 @@ from core.errors import BundleError
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
 from bundler.trust.extract import extract_leaving_in_blobs, make_writable
-from bundler.trust.verify import VerifyReport, verify_bundle
+from bundler.trust.verify import verify_bundle
+from bundler.trust.verify_report import VerifyReport
 
 WEIGHT_SUFFIX = ".safetensors"  # left in the blobs; GGUF files are extracted (llama.cpp opens a path)
 HISTORY_STATE = "run-history"  # the store's private state: runner.decoding.run_history's counts per bundle and machine

@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
 from bundler.trust.extract import check_dest, extract_verified
-from bundler.trust.verify import VerifyReport, verify_bundle
+from bundler.trust.verify import verify_bundle
+from bundler.trust.verify_report import VerifyReport
 
 
 @dataclass(frozen=True)

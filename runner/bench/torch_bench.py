@@ -25,7 +25,7 @@ from runner.decoding.settings import DecodingSettings
 from runner.bench.machine import machine_info
 from runner.engines.torch_engine import model_logits, new_cache
 from runner.decoding.speculative import generate_plain, generate_speculative
-from runner.checks.tokenizer_gate import load_spec
+from runner.checks.tokenizer_spec import load_spec
 
 PLAIN_DTYPES = ("float32", "bfloat16")
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example setting of prompt_lookup_num_tokens

@@ -20,7 +20,8 @@ from typing import Any, Iterator, Mapping
 from bundler.format.kitfile import runner_params
 from bundler.serve.sources import DirSource, Source, StoreSource
 from bundler.trust.extract import extract_verified, make_writable
-from bundler.trust.verify import VerifyReport, verify_bundle
+from bundler.trust.verify import verify_bundle
+from bundler.trust.verify_report import VerifyReport
 from core.errors import BundleError
 
 
