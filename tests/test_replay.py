@@ -116,6 +116,18 @@ def test_a_record_made_without_attest_prompts_says_it_has_nothing_to_replay(stor
     assert result.code == 2 and "--attest-prompts" in result.err
 
 
+def test_a_record_made_without_reproducible_replays_and_says_its_tokens_may_part_at_a_near_tie(store: Path, keypair, other_keypair,
+                                                                                               tmp_path: Path) -> None:
+    copy = copy_store(store, tmp_path)
+    ran = run_bundle("run", REF, "--prompt", PROMPT, "--max-new-tokens", "4", "--raw", "--dtype", "float32", "--attest", str(other_keypair[0]),
+                     "--attest-prompts", "--key", str(keypair[1]), "--store", str(copy), "--json", check=True)
+    result = _replay(copy, json.loads(ran.out)["attestation"]["digest"], keypair, other_keypair, "--prompt", PROMPT)
+    assert result.code == 0, result.err  # float32: greedy tokens equal the target's alone (docs/running.md), mode or not
+    report = json.loads(result.out)
+    assert report["match"] and report["mode"] == "default" and report["replayed_on"]["dtype"] == "float32"
+    assert report["settings"]["chat"] is False and "near-tie" in report["notes"][0]
+
+
 def test_a_record_made_by_serve_reproducible_replays_to_the_same_tokens(store: Path, keypair, other_keypair, tmp_path: Path) -> None:
     copy = copy_store(store, tmp_path)
     srv = Server(copy, keypair[1], "--reproducible", "--dtype", "bfloat16", "--sequences", "2", "--attest-key", str(other_keypair[0]), "--attest-prompts")
