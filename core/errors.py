@@ -32,6 +32,7 @@ CODES: dict[str, int] = {
     "expired": INTEGRITY,
     "rollback": INTEGRITY,
     "key-error": INTEGRITY,
+    "replay-mismatch": INTEGRITY,  # bundle replay: the tokens decoded again are not the ones the record signed
     # policy
     "tokenizer-mismatch": POLICY,
     "pairing": POLICY,

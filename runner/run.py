@@ -333,7 +333,7 @@ def run_unpacked(
     when given, weights and configs are hashed as they are loaded. weight_ranges: path relative to root ->
     FileRange, for weight files left inside their layer blobs instead of extracted (bundle run); each is
     read from there and hashed against verified_files like a file. Returns {"tokenizer": {"fingerprint"},
-    "text", "tokens", "stats", "device", "dtype", "pairing", "memory"}.
+    "text", "tokens", "stats", "device", "dtype", "pairing", "memory", "prompt_ids"}.
     """
     run_start = time.perf_counter()
     pair = load_pair(
@@ -342,8 +342,8 @@ def run_unpacked(
         weight_ranges=weight_ranges, reproducible=reproducible,
     )
     pair.history = history
-    result = generate(pair, pair.prompt_ids(prompt, raw), max_new_tokens=max_new_tokens, temperature=temperature,
-                      top_p=top_p, seed=seed, on_text=on_text)
+    ids = pair.prompt_ids(prompt, raw)
+    result = generate(pair, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, on_text=on_text)
     end = time.perf_counter()
     return {
         "tokenizer": {"fingerprint": pair.fingerprint},
@@ -352,6 +352,7 @@ def run_unpacked(
         "stats": result["stats"],
         **pair.engine_fields(),
         "prompt_tokens": result["prompt_tokens"],
+        "prompt_ids": ids,  # for a run record's digest (bundler.trust.requestlog); `bundle run` does not print them
         "pairing": pair.pairing,
         "memory": pair.memory,
         "forward": pair.forward(),

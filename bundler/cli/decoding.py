@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["run", "bench", "tune"]
+__all__ = ["run", "bench", "replay", "tune"]
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,32 @@ def run(store: Store, ref: str, prompt: str | None, prompt_file: str | None, key
         click.echo(format_stats(result["stats"], result.get("timings")), err=True)
         if result.get("attestation"):
             click.echo(f"run record {result['attestation']['digest']} signed by {result['attestation']['key_id'][:16]}…", err=True)
+
+
+@main.command()
+@click.argument("record")
+@click.option("--prompt", help="The recorded request's prompt (`-`: standard input); tokenized as the request was, it must have the sha256 the record signed.")
+@click.option("--prompt-file", type=click.Path(dir_okay=False), help="Read the prompt from this file.")
+@click.option("--tokens", "tokens_file", type=click.Path(dir_okay=False), help="The recorded output (`run --json`'s output or a JSON list of ids): where a replay parts from it.")
+@click.option("--device", callback=device_option, help="cpu, cuda or cuda:N (default: cuda when available).")
+@click.option("--key", "key_paths", multiple=True, type=click.Path(), help="Trusted public key, of the record's signer and the bundle's (repeatable); also $BUNDLE_TRUSTED_KEYS.")
+@identity_options
+@command
+def replay(store: Store, record: str, prompt: str | None, prompt_file: str | None, tokens_file: str | None, device: str | None,
+           key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...]) -> None:
+    """Decode a signed run record's request again (RECORD: its digest, from `bundle attestations`) and say, as JSON,
+    whether the tokens are the ones it signed: exit 0 when they are, 3 when not (docs/running.md)."""
+    from bundler.verbs.prompts import read_prompt
+    from bundler.verbs.replay import ReplayRequest, reference_tokens, replay_record
+
+    request = ReplayRequest(read_prompt(prompt, prompt_file), device, reference_tokens(tokens_file) if tokens_file else None)
+    report = replay_record(store, record, trusted(key_paths, ca_paths, identities, issuers), request)
+    emit(report)
+    if not report["match"]:
+        err = BundleError("replay-mismatch", f"the replay's {report['tokens']} tokens are not the {report['recorded_tokens']} the record "
+                                             f"signed ({report['mode']} mode)")
+        click.echo(err.line(), err=True)
+        sys.exit(err.exit_code)
 
 
 @main.command()

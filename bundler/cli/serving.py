@@ -85,6 +85,7 @@ def client_keys(api_key_file: str | None, metrics_key_file: str | None) -> tuple
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
 @click.option("--memory-budget", callback=memory_budget_option, help="Memory the pair may use: 300MB, 2GiB or bytes (default: available memory).")
 @click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
+@click.option("--attest-prompts", is_flag=True, help="With --attest-key: each request's token ids' sha256 and settings in the record, what `bundle replay` checks (never their text).")
 @setting("--max-body", ServeLimits, "max_body", type=str, callback=max_body_option)
 @click.option("--allowed-host", "allowed_hosts", multiple=True, help="Another Host name to answer for besides loopback and --host (repeatable; `*`: any, behind a proxy).")
 @click.option("--max-connections", type=click.IntRange(1, 65536), help="Open connections at most (default: half the file limit, at most 1024).")
@@ -94,7 +95,7 @@ def client_keys(api_key_file: str | None, metrics_key_file: str | None) -> tuple
 @identity_options
 @command
 def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | None, expect: str | None, host: str, port: int, key_paths: tuple[str, ...], ca_paths: tuple[str, ...], identities: tuple[str, ...], issuers: tuple[str, ...], api_key_file: str | None, metrics_key_file: str | None, max_queue: int,
-          time_limit: float, attest_key: str | None, open_probes: bool, served_model_name: str | None, max_body: int, allowed_hosts: tuple[str, ...],
+          time_limit: float, attest_key: str | None, attest_prompts: bool, open_probes: bool, served_model_name: str | None, max_body: int, allowed_hosts: tuple[str, ...],
           max_connections: int | None, header_timeout: float, sequences: int | None, speculate: bool, prompt_cache: int | None, **options: Any) -> None:
     """Verify and load the bundle as `run` does, then serve it over an OpenAI-compatible HTTP API until SIGTERM."""
     from bundler.serve.server import serve_bundle
@@ -107,6 +108,8 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
         raise BundleError("usage", "give either REF or --from-dir DIR")
     if from_dir and attest_key:
         raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
+    if attest_prompts and not attest_key:
+        raise BundleError("usage", "--attest-prompts needs --attest-key KEY")
     expected = expected_reference(from_dir, expect)
     if evidence and not from_dir:
         raise BundleError("usage", "--evidence goes with --from-dir")
@@ -119,7 +122,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
 
         recorded = {"max_queue": max_queue, "time_limit_s": time_limit, "sequences": sequences, "speculate": speculate,
                     "prompt_cache": prompt_cache, "runtime": runtime, **options}
-        records = ServeRecords(store, keys.load_private_key(Path(attest_key), password()), recorded)
+        records = ServeRecords(store, keys.load_private_key(Path(attest_key), password()), recorded, attest_prompts=attest_prompts)
 
     def ready(info: dict[str, Any]) -> None:
         click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)

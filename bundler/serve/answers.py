@@ -59,7 +59,7 @@ async def generate(requests: Requests, request: Request, req: CompletionRequest,
                    time_limit_s: float) -> Response:
     """The request handed to the worker; its text streamed as it comes, or answered whole."""
     job = Job(prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, req.stop, asyncio.get_running_loop(),
-              asyncio.Queue(), time_limit_s)
+              asyncio.Queue(), time_limit_s, chat=req.chat)
     requests.submit(job)
     answer = Answer(model_id, req.chat)
     if req.stream:

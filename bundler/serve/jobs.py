@@ -31,6 +31,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
     outbox: "Outbox | None" = None  # set by the batched worker: events wait there for its next pass
+    chat: bool = False  # a chat completion (its prompt through the chat template): what a run record's entry says
 
     def emit(self, kind: str, value: Any) -> None:
         if self.outbox is not None:

@@ -19,7 +19,8 @@ from bundler.serve.jobs import Job, JobStream, Progress
 from bundler.serve.metrics import HealthWindow, Metrics
 from runner.pair import LoadedPair
 
-OnRecord = Callable[[dict, list[int], str], None]  # a finished request's stats, prompt ids and text
+# A finished request's stats, prompt ids, text, and its output ids and settings (a run record's replay entry).
+OnRecord = Callable[[dict, list[int], str, dict], None]
 
 
 class Requests:
@@ -87,7 +88,8 @@ class Requests:
         job.emit("done", {"text": text, "finish_reason": stream.finish_reason, "prompt_tokens": len(job.prompt_ids),
                           "completion_tokens": len(tokens), "stats": stats})
         if self.on_record is not None and status == "ok":
-            self.on_record(stats, job.prompt_ids, text)
+            self.on_record(stats, job.prompt_ids, text, {"tokens": list(tokens), "max_tokens": job.max_tokens, "temperature": job.temperature,
+                                                         "top_p": job.top_p, "seed": job.seed, "chat": job.chat})
         return status
 
     def fail(self, job: Job, exc: Exception) -> None:

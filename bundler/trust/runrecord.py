@@ -8,14 +8,15 @@ artifactType application/vnd.in-toto+json, `subject` = the bundle manifest, one 
 It proves what this process loaded and measured, signed by whoever holds the key; it does not prove that
 the host was honest (a host that holds the key can sign anything).
 
-Prompt and output text are never recorded; with `attest_prompts` only their sha256.
+Prompt and output text are never recorded; with `attest_prompts` only their sha256, and each request's token ids'
+sha256 with its decoding settings (bundler.trust.requestlog), which `bundle replay` decodes again and compares.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "Context", "PREDICATE_ANNOTATION", "PREDICATE_TYPE", "RecordCheck", "Recorder", "ServeRecords", "Written",
-    "attestations", "check_record", "now", "sign_statement", "store_record",
+    "Totals", "attestations", "build_statement", "check_record", "now", "sign_statement", "store_record",
 ]
 
 import contextlib
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 
 from bundler.format import boundedjson
 
-from bundler.trust import dsse, keys
+from bundler.trust import dsse, keys, requestlog
 from core.errors import BundleError
 from bundler.format.manifest import Descriptor, parse_descriptor
 from bundler.format.mediatypes import DSSE_ENVELOPE, OCI_MANIFEST, RUN_RECORD
@@ -140,10 +141,11 @@ def text_sha256(text: str) -> str:
 
 
 def build_statement(ctx: Context, totals: Totals, started: dt.datetime, finished: dt.datetime,
-                    prompts: list[dict[str, str]] | None = None) -> dict[str, Any]:
+                    prompts: list[dict[str, str]] | None = None, requests: requestlog.RequestLog | None = None) -> dict[str, Any]:
     """The in-toto Statement a record signs; checked against schemas/run-record.schema.json."""
     predicate: dict[str, Any] = {
         "kind": ctx.kind,
+        "mode": requestlog.mode_of(ctx.settings),
         "bundle": {"ref": ctx.ref, "digest": ctx.digest, "name": ctx.name, "version": ctx.version},
         "verification": {"signer": {"key_id": ctx.signer}, "checks": list(ctx.checks)},
         "tokenizer": {"fingerprint": ctx.tokenizer_fingerprint},
@@ -159,6 +161,8 @@ def build_statement(ctx: Context, totals: Totals, started: dt.datetime, finished
     }
     if prompts is not None:
         predicate["prompts"] = list(prompts)
+    if requests is not None:
+        predicate.update(requests.predicate())
     if ctx.runtime is not None:
         predicate["runtime"] = json.loads(json.dumps(ctx.runtime))  # as it is when the record is written
     statement = dsse.statement(ctx.ref, ctx.digest.split(":", 1)[1], PREDICATE_TYPE, predicate)
@@ -195,9 +199,10 @@ def store_record(store: Store, subject: Descriptor, envelope: bytes, predicate_t
 
 
 def write_record(store: Store, ctx: Context, totals: Totals, started: dt.datetime, finished: dt.datetime,
-                 private_key: keys.PrivateKey, prompts: list[dict[str, str]] | None = None) -> Written:
+                 private_key: keys.PrivateKey, prompts: list[dict[str, str]] | None = None,
+                 requests: requestlog.RequestLog | None = None) -> Written:
     """Build, sign and store one record over `totals` between `started` and `finished`."""
-    statement = build_statement(ctx, totals, started, finished, prompts)
+    statement = build_statement(ctx, totals, started, finished, prompts, requests)
     envelope = sign_statement(statement, private_key)
     desc = store_record(store, _subject_descriptor(store, ctx.digest), envelope)
     return Written(desc.digest, ctx.digest, keys.key_id(private_key), statement)
@@ -217,20 +222,26 @@ class Recorder:
     """
 
     def __init__(self, store: Store, ctx: Context, private_key: keys.PrivateKey, attest_prompts: bool = False,
-                 started: dt.datetime | None = None) -> None:
+                 started: dt.datetime | None = None, log_requests: bool | None = None) -> None:
         self.store, self.ctx, self.private_key, self.attest_prompts = store, ctx, private_key, attest_prompts
+        self.log_requests = attest_prompts if log_requests is None else log_requests  # token digests (requestlog)
         self._lock = threading.Lock()
         self._started = started or now()
         self._totals = Totals()
         self._prompts: list[dict[str, str]] = []
+        self._requests = requestlog.RequestLog()
         self.written: list[Written] = []
 
-    def add(self, stats: Mapping[str, Any], prompt: str | None = None, output: str | None = None) -> None:
-        """Count one finished request; with attest_prompts, keep the sha256 of its prompt and output."""
+    def add(self, stats: Mapping[str, Any], prompt: str | None = None, output: str | None = None,
+            request: Mapping[str, Any] | None = None) -> None:
+        """Count one finished request; with attest_prompts, keep the sha256 of its prompt and output; with
+        log_requests, its `request` entry (requestlog.entry: token ids' sha256 and decoding settings)."""
         with self._lock:
             self._totals.add(stats)
             if self.attest_prompts:
                 self._prompts.append({"prompt_sha256": text_sha256(prompt or ""), "output_sha256": text_sha256(output or "")})
+            if self.log_requests and request is not None:
+                self._requests.add(request)
 
     def flush(self, finished: dt.datetime | None = None, if_empty: bool = True) -> Written | None:
         """Sign and store a record over the window since the last flush, then start a new window.
@@ -241,8 +252,8 @@ class Recorder:
                 return None
             end = finished or now()
             written = write_record(self.store, self.ctx, self._totals, self._started, end, self.private_key,
-                                   self._prompts if self.attest_prompts else None)
-            self._started, self._totals, self._prompts = end, Totals(), []
+                                   self._prompts if self.attest_prompts else None, self._requests if self.log_requests else None)
+            self._started, self._totals, self._prompts, self._requests = end, Totals(), [], requestlog.RequestLog()
             self.written.append(written)
             return written
 
@@ -256,24 +267,31 @@ class ServeRecords:
     """
 
     def __init__(self, store: Store, private_key: keys.PrivateKey, settings: Mapping[str, Any] | None = None,
-                 interval_s: float = 3600.0) -> None:
+                 interval_s: float = 3600.0, attest_prompts: bool = False) -> None:
         self.store, self.private_key, self.settings, self.interval_s = store, private_key, dict(settings or {}), interval_s
+        self.attest_prompts = attest_prompts  # each request's token ids' sha256 and settings (requestlog), never text
         self.recorder: Recorder | None = None
         self.errors: list[BaseException] = []  # failures of the hourly writer: the server keeps serving
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
 
     def attach(self, report: Any, pair: Any) -> Any:
-        """serve_bundle's `on_record`: the hook it calls after each request, `(stats, prompt_ids, text)`."""
+        """serve_bundle's `on_record`: the hook it calls after each request, `(stats, prompt_ids, text, request)`
+        (request: its output ids and settings, bundler.serve.worker)."""
         loaded = {"tokenizer": {"fingerprint": pair.fingerprint}, "device": pair.device, "dtype": pair.dtype,
                   "engine": getattr(pair, "engine", "torch"), "runtime": getattr(pair, "runtime", None)}
-        self.recorder = Recorder(self.store, Context.from_report("serve", report, loaded, self.settings), self.private_key)
+        self.recorder = Recorder(self.store, Context.from_report("serve", report, loaded, self.settings), self.private_key,
+                                 log_requests=self.attest_prompts)
         self._timer = threading.Thread(target=self._hourly, name="specbundle-run-records", daemon=True)
         self._timer.start()
         recorder = self.recorder
 
-        def on_request(stats: Mapping[str, Any], _prompt_ids: Any = None, _text: str | None = None) -> None:
-            recorder.add(stats)  # counts only: serve records no prompt or output text
+        def on_request(stats: Mapping[str, Any], prompt_ids: Any = None, _text: str | None = None,
+                       request: Mapping[str, Any] | None = None) -> None:
+            logged = None  # serve records no prompt or output text; with attest_prompts, token ids' sha256
+            if recorder.log_requests and prompt_ids is not None and request is not None:
+                logged = requestlog.entry(prompt_ids, request["tokens"], **{k: v for k, v in request.items() if k != "tokens"})
+            recorder.add(stats, request=logged)
 
         return on_request
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from bundler.format.kitfile import runner_params
-from bundler.trust import runrecord
+from bundler.trust import requestlog, runrecord
 from core.errors import BundleError
 from bundler.store.refs import Ref
 from bundler.store.layout import Store
@@ -119,7 +119,8 @@ def run_bundle(
     """Verify the bundle, then decode; raises the first BundleError (before any weights are loaded).
 
     With `attest` (a private key), a signed run record is added to the store once the run has finished
-    (bundler.trust.runrecord); `attest_prompts` puts the sha256 of the prompt and output in it."""
+    (bundler.trust.runrecord); `attest_prompts` puts the sha256 of the prompt and output in it, and of their token
+    ids with the decoding settings (bundler.trust.requestlog: what `bundle replay` needs)."""
     from runner.run import run_unpacked  # torch is imported only when a bundle runs
 
     started = runrecord.now()
@@ -127,13 +128,17 @@ def run_bundle(
         report, checkout_timings = checkout.report, checkout.timings
         result = run_unpacked(checkout.root, prompt=prompt, on_text=on_text, history=run_history(store, report.digest),
                               **runner_args(report, checkout.weights), **options)
+    prompt_ids = result.pop("prompt_ids", [])
     before = checkout_timings["verify_s"] + checkout_timings["extract_s"]
     timings = {**checkout_timings, **result.get("timings", {})}
     timings["first_token_s"] = timings.get("first_token_s", 0.0) + before  # from the start of verification
     out = {"ok": True, "bundle": _bundle_info(ref, report), **result, "timings": timings, "error": None}
     if attest is not None:
         recorder = runrecord.Recorder(store, runrecord.Context.from_report("run", report, result, options), attest, attest_prompts, started)
-        recorder.add(result["stats"], prompt, result.get("text", ""))
+        request = requestlog.entry(prompt_ids, result["tokens"], max_tokens=options.get("max_new_tokens", 128),
+                                   temperature=options.get("temperature") or 0.0, top_p=options.get("top_p") or 1.0,
+                                   seed=options.get("seed"), chat=not options.get("raw"))
+        recorder.add(result["stats"], prompt, result.get("text", ""), request)
         written = recorder.flush()
         out["attestation"] = {"digest": written.record, "key_id": written.key_id} if written else None
     return out
