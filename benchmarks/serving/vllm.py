@@ -53,7 +53,7 @@ def check_python(args: argparse.Namespace) -> Path:
 
 
 def cpu_list(cpus: list[int]) -> str:
-    """CPUs as VLLM_CPU_OMP_THREADS_BIND takes them: a range where they run on (0-1), else a comma list."""
+    """CPUs as VLLM_CPU_OMP_THREADS_BIND takes them: a range where they are consecutive (0-1), else a comma list."""
     cpus = sorted(cpus)
     if cpus == list(range(cpus[0], cpus[-1] + 1)):
         return f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])
