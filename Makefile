@@ -45,8 +45,10 @@ demo: $(STAMP)
 
 # The container image (deploy/Containerfile) built on this machine from a locally made Debian base, with the wheels
 # cached under ~/.cache/specbundle (deploy/image.sh). Its slow test: .venv/bin/python -m pytest -m slow tests/test_image_slow.py
+# `make image VLLM=1`: with vLLM's CPU engine in /opt/vllm (specbundle:0.1.0-vllm, for `serve --runtime vllm`; not built by the tests).
+VLLM ?= 0
 image: $(STAMP)
-	PYTHON=$(PY) bash deploy/image.sh
+	PYTHON=$(PY) VLLM=$(VLLM) bash deploy/image.sh
 
 bench: $(STAMP) sysdeps
 	$(PY) benchmarks/pack.py

@@ -3,6 +3,8 @@ lists its options); it prints one JSON object, and writes it to `--out` too:
 
     python benchmarks/serve_bench.py --mode load [--build] [--clients 1,4,8] [--rounds 2] [--prompts grounded]
         [--servers bundle,bundle-plain,bundle-1,llama,llama-draft,llama-ngram-simple,llama-ngram-map-k]
+    python benchmarks/serve_bench.py --mode load --ref smollm2-spec:1.0.0 [--vllm-python .venv-vllm/bin/python]
+        --servers bundle,bundle-plain,vllm-fp32-bind,vllm-bf16-bind,vllm-fp32,vllm-bf16[,vllm-draft-bind]
     python benchmarks/serve_bench.py --mode ab [--a "--sequences 1 --no-draft"] [--b llama-server] [--stream]
     python benchmarks/serve_bench.py --mode vs-run [--limit 4] [--rounds 2]
     python benchmarks/serve_bench.py --mode batch-cost --target TARGET.gguf|MODEL_DIR [--sequences 1,2,4,8] [--k 0,2,4]

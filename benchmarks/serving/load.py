@@ -1,7 +1,10 @@
-"""`bundle serve` under load against `llama-server` on the same GGUF files, threads and machine (mode `load`).
+"""`bundle serve` under load against `llama-server` on the same GGUF files, threads and machine, and against
+vLLM's CPU engine on the same safetensors files (mode `load`).
 
 - `llama-server` is llama.cpp's own, built from the source the installed llama-cpp-python vendors
   (benchmarks/llamacpp_tools.py; opt-in: `--build`, cached in ~/.cache/specbundle/llama-server);
+- vLLM is its CPU build in its own venv (`make vllm`; `--vllm-python`, default .venv-vllm/bin/python), started
+  with the command line `bundle serve --runtime vllm` gives it (benchmarks/serving/vllm.py);
 - one client for all: streamed `/v1/chat/completions` over the prompt set, greedy, a fresh connection per
   request, at 1, 4 and 8 concurrent clients;
 - per configuration: aggregate tokens/s (all completion tokens over the wall time), time to first token
@@ -10,25 +13,33 @@
   `bundle-1` (`--sequences 1`: one request at a time, what batching gains), `llama` (`llama-server -np N`),
   `llama-draft` (with the draft: `--spec-type draft-simple --spec-draft-n-max` --draft-max),
   `llama-ngram-simple` and `llama-ngram-map-k` (`--spec-type ngram-simple` / `ngram-map-k`, no draft model, on
-  llama.cpp's defaults: a 12-token lookup, drafts up to 48 tokens; --draft-max sets llama-draft's only). A
-  safetensors bundle runs the bundle servers only; a GGUF bundle without a draft runs all but `llama-draft`;
-- per concurrency, besides the fixed ratios, `best_llama`: the llama-* server of the run with the most tokens/s
-  over the run, and `bundle` over it (over the run, and per round against that same server), the figure of
-  "at least llama-server's best" whichever of its modes that is.
+  llama.cpp's defaults: a 12-token lookup, drafts up to 48 tokens; --draft-max sets llama-draft's only);
+  `vllm-fp32-bind` and `vllm-bf16-bind` (fp32 / bf16, the engine bound to every core:
+  `VLLM_CPU_OMP_THREADS_BIND=0-<n-1>`), `vllm-fp32` and `vllm-bf16` (vLLM's own thread defaults), and
+  `vllm-draft-bind` (fp32 bound, the bundle's draft as vLLM's speculative model). A GGUF bundle runs the bundle
+  and llama-* servers (without a draft, all but `llama-draft`); a safetensors bundle the bundle and vllm-* servers;
+- per concurrency, besides the fixed ratios, `best_llama` and `best_vllm`: the llama-* / vllm-* server of the run
+  with the most tokens/s over the run, and `bundle` and `bundle-plain` over it (tokens/s over the run and per
+  round, TTFT p99 per round and of the rounds' medians), the figure of "at least the peer's best set-up"
+  whichever it is.
 
     serve_bench.py --mode load --servers bundle,llama,llama-draft,llama-ngram-simple,llama-ngram-map-k \\
         [--clients 1] [--prompts grounded]
+    serve_bench.py --mode load --ref smollm2-spec:1.0.0 \\
+        --servers bundle,bundle-plain,vllm-fp32-bind,vllm-bf16-bind,vllm-fp32,vllm-bf16 [--vllm-python PY]
 
 All servers are started first and stay up, once per concurrency N (`llama-server -np N`, `bundle serve
---sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same); they
-take turns of N x --requests-per-client requests, as many turns a round as give each server --min-requests, in
-an order that reverses at every turn (ABBA ABBA): short turns that alternate often share a drift of the
-machine's speed out evenly, where one long turn a server lets a swell favour the servers in the middle.
+--sequences N`: each pair sees the same requests in the same order, so their prompt caches hold the same), but
+each vLLM server once for the run (`--max-num-seqs` the largest N: it takes minutes to start); they take turns
+of N x --requests-per-client requests, as many turns a round as give each server --min-requests, in an order
+that reverses at every turn (ABBA ABBA): short turns that alternate often share a drift of the machine's speed
+out evenly, where one long turn a server lets a swell favour the servers in the middle.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -37,16 +48,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from serving import vllm
 from serving.common import (
-    Process, add_bundle_options, bundle_serve_argv, free_port, gguf_files, machine, percentile, read_prompt_set, stream,
+    Process, add_bundle_options, bundle_serve_argv, checked_bundle, free_port, gguf_files, machine, percentile,
+    read_prompt_set, stream,
 )
 
 # llama-server's servers: name -> its --spec-type (None: plain)
 LLAMA_SERVERS = {"llama": None, "llama-draft": "draft-simple", "llama-ngram-simple": "ngram-simple",
                  "llama-ngram-map-k": "ngram-map-k"}
-SERVERS = ("bundle", "bundle-plain", "bundle-1", *LLAMA_SERVERS)
+SERVERS = ("bundle", "bundle-plain", "bundle-1", *LLAMA_SERVERS, *vllm.VLLM_SERVERS)
 RATIOS = (("bundle", "llama"), ("bundle", "bundle-plain"), ("bundle", "bundle-1"), ("llama-draft", "llama"),
-          ("llama-ngram-simple", "llama"), ("llama-ngram-map-k", "llama"))
+          ("llama-ngram-simple", "llama"), ("llama-ngram-map-k", "llama"), ("vllm-draft-bind", "vllm-fp32-bind"))
+PEERS = {"llama": LLAMA_SERVERS, "vllm": vllm.VLLM_SERVERS}  # best_<family>: the family's server with the most tokens/s
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -67,10 +81,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated, of: " + ", ".join(SERVERS))
     parser.add_argument("--build", action="store_true", help="build llama-server if it is not cached")
     parser.add_argument("--dtype", help="bundle serve's --dtype (a safetensors bundle; default: the bundle's)")
+    vllm.add_options(parser)
 
 
 def _starter(args: argparse.Namespace, binary: Path | None, files: dict[str, Path | None], threads: int):
-    """start(name, clients) -> the server `name` with room for `clients` at once."""
+    """start(name, clients) -> the bundle or llama-* server `name` with room for `clients` at once."""
     from llamacpp_tools import server_argv
 
     def start(name: str, clients: int) -> Process:
@@ -87,12 +102,12 @@ def _starter(args: argparse.Namespace, binary: Path | None, files: dict[str, Pat
     return start
 
 
-def drive(url: str, prompts: list[str], clients: int, max_tokens: int) -> tuple[list[dict], float]:
+def drive(proc: Process, prompts: list[str], clients: int, max_tokens: int) -> tuple[list[dict], float]:
     """`clients` threads, each streaming its share of the prompts one after another: each request's result and
     the turn's wall time."""
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda p: stream(url, p, max_tokens), prompts))
+        results = list(pool.map(lambda p: stream(proc.url, p, max_tokens, proc.model), prompts))
     return results, time.perf_counter() - start
 
 
@@ -121,7 +136,7 @@ def _rounds(args: argparse.Namespace, procs: dict[tuple[str, int], Process], pro
                 batch = [prompts[(offset + i) % len(prompts)] for i in range(size)]
                 offset += size
                 for name in (servers if (round_ * turns + t) % 2 == 0 else servers[::-1]):
-                    requests, wall = drive(procs[(name, clients)].url, batch, clients, args.max_tokens)
+                    requests, wall = drive(procs[(name, clients)], batch, clients, args.max_tokens)
                     answered[name] += requests
                     walls[name] += wall
             for name in servers:
@@ -131,6 +146,23 @@ def _rounds(args: argparse.Namespace, procs: dict[tuple[str, int], Process], pro
                                   **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}),
                       file=sys.stderr, flush=True)
     return results
+
+
+def _versus_best(family: str, per: dict[str, list[dict]], run: dict[str, float], row: dict[str, dict],
+                 over_run: dict[str, float], rounds: dict[str, list[float]]) -> str | None:
+    """best_<family>: the family's server with the most tokens/s over the run; `bundle` and `bundle-plain` over
+    it in tokens/s (over the run and per round) and in TTFT p99 (per round, and of the rounds' medians)."""
+    peers = [name for name in per if name in PEERS[family]]
+    if not peers:
+        return None
+    best = max(peers, key=run.__getitem__)
+    for ours in (name for name in ("bundle", "bundle-plain") if name in per):
+        key = f"{ours.replace('-', '_')}_over_best_{family}"
+        over_run[key + "_tps"] = run[ours] / run[best]
+        rounds[key + "_tps"] = [x["tokens_per_second"] / y["tokens_per_second"] for x, y in zip(per[ours], per[best])]
+        rounds[key + "_ttft_p99"] = [x["ttft_p99_s"] / y["ttft_p99_s"] for x, y in zip(per[ours], per[best])]
+        over_run[key + "_ttft_p99_of_medians"] = row[ours]["ttft_p99_s"] / row[best]["ttft_p99_s"]
+    return best
 
 
 def _summary(results: dict[str, dict[str, list[dict]]], servers: list[str], clients: int) -> dict[str, Any]:
@@ -151,14 +183,47 @@ def _summary(results: dict[str, dict[str, list[dict]]], servers: list[str], clie
               for a, b in RATIOS if a in per and b in per}
     if "bundle" in per and "llama" in per:
         rounds["bundle_over_llama_ttft_p99"] = [x["ttft_p99_s"] / y["ttft_p99_s"] for x, y in zip(per["bundle"], per["llama"])]
-    llamas = [name for name in servers if name in LLAMA_SERVERS]
-    best = max(llamas, key=run.__getitem__) if llamas else None
-    if best and "bundle" in run:
-        over_run["bundle_over_best_llama_tps"] = run["bundle"] / run[best]
-        rounds["bundle_over_best_llama_tps"] = [x["tokens_per_second"] / y["tokens_per_second"]
-                                                for x, y in zip(per["bundle"], per[best])]
-    return {"medians": row, "tokens_per_second_over_run": run, "best_llama": best, "ratios_over_run": over_run,
+    best = {f"best_{family}": _versus_best(family, per, run, row, over_run, rounds) for family in PEERS}
+    return {"medians": row, "tokens_per_second_over_run": run, **best, "ratios_over_run": over_run,
             "ratios_per_round": rounds}
+
+
+def _servers(args: argparse.Namespace) -> list[str]:
+    servers = args.servers.split(",")
+    if unknown := [s for s in servers if s not in SERVERS]:
+        raise SystemExit(f"unknown server {', '.join(unknown)} in --servers: one of {', '.join(SERVERS)}")
+    if any(s in vllm.VLLM_SERVERS for s in servers):
+        vllm.check_python(args)
+    return servers
+
+
+def _check_files(args: argparse.Namespace, servers: list[str], binary: Path | None, files: dict[str, Path | None]) -> None:
+    """Refuse, before any server starts, a peer the bundle's files cannot feed."""
+    if binary and not files["target"]:
+        raise SystemExit(f"{args.ref} is not a GGUF bundle: llama-server cannot serve it (--servers bundle,bundle-1 or vllm-*)")
+    if "llama-draft" in servers and not files["draft"]:
+        raise SystemExit(f"{args.ref} has no draft: llama-draft needs one (the n-gram servers do not)")
+    if files["target"] and any(s in vllm.VLLM_SERVERS for s in servers):
+        raise SystemExit(f"{args.ref} is a GGUF bundle: the vllm-* servers run a safetensors bundle (--ref smollm2-spec:1.0.0)")
+
+
+def _start(args: argparse.Namespace, servers: list[str], levels: list[int], prompts: list[str], start, checked: Any,
+           procs: dict[tuple[str, int], Process], shown: dict[str, Any]) -> None:
+    """Every server up and warmed, into procs (and each vLLM's command line into shown): the others once per
+    concurrency, vLLM once for the run with room for the most clients."""
+    for name in servers:
+        if name in vllm.VLLM_SERVERS:
+            proc, shown[name] = vllm.start(checked, name, args, max(levels))
+            mine = [proc]
+            procs.update({(name, clients): proc for clients in levels})
+        else:
+            mine = []
+            for clients in levels:
+                procs[(name, clients)] = proc = start(name, clients)
+                mine.append(proc)
+        for proc in mine:
+            for i in range(args.warmup):  # the same for every server, from the end of the prompts
+                stream(proc.url, prompts[-1 - i % len(prompts)], args.max_tokens, proc.model)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,28 +231,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     prompts = read_prompt_set(args.prompts)
     levels = [int(c) for c in args.clients.split(",")]
-    servers = args.servers.split(",")
-    if unknown := [s for s in servers if s not in SERVERS]:
-        raise SystemExit(f"unknown server {', '.join(unknown)} in --servers: one of {', '.join(SERVERS)}")
+    servers = _servers(args)
     binary = tool("llama-server", build=args.build) if any(s in LLAMA_SERVERS for s in servers) else None
-    with gguf_files(args.ref, args.store, args.key) as (files, threads):
-        if binary and not files["target"]:
-            raise SystemExit(f"{args.ref} is not a GGUF bundle: llama-server cannot serve it (--servers bundle,bundle-1)")
-        if "llama-draft" in servers and not files["draft"]:
-            raise SystemExit(f"{args.ref} has no draft: llama-draft needs one (the n-gram servers do not)")
-        start = _starter(args, binary, files, threads)
-        procs: dict[tuple[str, int], Process] = {}
+    procs: dict[tuple[str, int], Process] = {}
+    shown: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        files, threads = stack.enter_context(gguf_files(args.ref, args.store, args.key))
+        _check_files(args, servers, binary, files)
+        checked = (stack.enter_context(checked_bundle(args.ref, args.store, args.key, vllm.footprint(args, max(levels))))
+                   if any(s in vllm.VLLM_SERVERS for s in servers) else None)
         try:
-            for name in servers:
-                for clients in levels:
-                    procs[(name, clients)] = proc = start(name, clients)
-                    for i in range(args.warmup):  # the same for every server, from the end of the prompts
-                        stream(proc.url, prompts[-1 - i % len(prompts)], args.max_tokens)
+            _start(args, servers, levels, prompts, _starter(args, binary, files, threads), checked, procs, shown)
             results = _rounds(args, procs, prompts, servers, levels)
         finally:
-            for proc in procs.values():
+            for proc in {id(p): p for p in procs.values()}.values():
                 proc.stop()
     return {**machine(), "threads": threads, "ref": args.ref, "dtype": args.dtype, "prompts": args.prompts,
             "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
             "min_requests": args.min_requests, "warmup": args.warmup, "llama_server": str(binary) if binary else None,
-            "summary": {str(c): _summary(results, servers, c) for c in levels}, "runs": results}
+            "vllm": shown, "summary": {str(c): _summary(results, servers, c) for c in levels}, "runs": results}
