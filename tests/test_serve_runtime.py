@@ -234,6 +234,7 @@ def test_the_run_record_names_the_runtime_its_argv_and_files(store: Path, keypai
     assert records[-1]["verified"] and predicate["engine"] == "llama.cpp"
     assert runtime["runtime"] == "llama-cpp-python" and runtime["version"] and runtime["executable"]["sha256"]
     assert "llama_cpp.server" in runtime["argv"] and runtime["env"]["API_KEY"] == "***"
+    assert runtime["guard"]["source"] == "signed"  # the bundle's guard is off: its speculation as signed, no probe
     assert {f["path"] for f in runtime["files"]} >= {"target/model.gguf", "draft/model.gguf"}
     assert predicate["totals"]["requests"] == 1 and predicate["totals"]["tokens"] == 4
 

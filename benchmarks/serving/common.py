@@ -94,14 +94,15 @@ def bundle_serve_argv(args: argparse.Namespace, port: int, extra: list[str]) -> 
 class Process:
     """A server process on 127.0.0.1, up once /health answers 200; stopped by its pid with SIGTERM."""
 
-    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None, ready_path: str = "/health") -> None:
+    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None, ready_path: str = "/health",
+                 timeout_s: float = 300.0) -> None:
         self.url = f"http://127.0.0.1:{port}"
         # The log goes to a file, never an unread pipe: a server that logs every request (llama-server, or
         # `serve --runtime`, which passes its runtime's log on) would block on a full pipe and stall mid-benchmark.
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
                                      env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.log.seek(0)
