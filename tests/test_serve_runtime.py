@@ -94,6 +94,8 @@ def test_dry_run_prints_the_runtimes_command_line_from_the_signed_settings_and_s
     assert argv[1:3] == ["-m", "llama_cpp.server"] and argv[argv.index("--model_alias") + 1] == REF
     # the bundle allows prompt lookup (no `methods`: all of them); this runtime takes no draft model
     assert shown["speculation"]["method"] == "ngram"
+    # its signed settings turn the guard off: the signed speculation, no probe at start-up (bundler.serve.runtimes.guard)
+    assert shown["guard"]["source"] == "signed" and shown["guard"]["choice"] == "speculative"
     assert argv[argv.index("--draft_model") + 1] == "prompt-lookup-decoding"
     assert argv[argv.index("--draft_model_num_pred_tokens") + 1] == str(shown["speculation"]["draft_tokens"])
     assert shown["env"]["API_KEY"] == "***" and "***" not in argv
@@ -234,6 +236,7 @@ def test_the_run_record_names_the_runtime_its_argv_and_files(store: Path, keypai
     assert records[-1]["verified"] and predicate["engine"] == "llama.cpp"
     assert runtime["runtime"] == "llama-cpp-python" and runtime["version"] and runtime["executable"]["sha256"]
     assert "llama_cpp.server" in runtime["argv"] and runtime["env"]["API_KEY"] == "***"
+    assert runtime["guard"]["source"] == "signed"  # the bundle's guard is off: its speculation as signed, no probe
     assert {f["path"] for f in runtime["files"]} >= {"target/model.gguf", "draft/model.gguf"}
     assert predicate["totals"]["requests"] == 1 and predicate["totals"]["tokens"] == 4
 

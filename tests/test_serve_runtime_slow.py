@@ -62,7 +62,9 @@ def _ask(srv: Server, prompt: str, tokens: int = 24) -> httpx.Response:
 @pytest.mark.parametrize("draft_tokens", [2, 4])
 def test_vllm_runs_the_bundles_draft_at_its_signed_length_and_its_counters_are_ours(tmp_path: Path, keypair, draft_tokens: int) -> None:
     python = _vllm_python()
-    srv = Server(_torch_store(tmp_path, keypair, draft_tokens), keypair[1], "--runtime", "vllm", "--runtime-bin", python)
+    # on: the signed draft throughout (the start-up guard's probe is tests/test_serve_runtime_guard.py's)
+    srv = Server(_torch_store(tmp_path, keypair, draft_tokens), keypair[1], "--runtime", "vllm", "--runtime-bin", python,
+                 "--runtime-speculation", "on")
     try:
         answer = _ask(srv, "the quick brown fox")
         assert answer.status_code == 200 and answer.headers["x-bundle-digest"].startswith("sha256:")

@@ -22,9 +22,11 @@ from bundler.serve.settings import ServeSettings
 
 
 def runtime_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """serve --runtime, --runtime-bin, --dry-run (bundler.serve.runtimes)."""
+    """serve --runtime, --runtime-bin, --runtime-speculation, --runtime-probe-limit, --dry-run (bundler.serve.runtimes)."""
     f = click.option("--dry-run", is_flag=True, help="With --runtime: run every check, print the runtime's command line "
                      "(secrets masked) and what it runs as JSON, and exit 0 without starting it.")(f)
+    f = setting("--runtime-speculation", ServeSettings, "runtime_speculation", type=click.Choice(["auto", "on", "off"]))(f)
+    f = setting("--runtime-probe-limit", ServeSettings, "runtime_probe_limit_s", type=click.FloatRange(0.001, 3600))(f)
     f = click.option("--runtime-bin", help="With --runtime llama-server: its binary (also $BUNDLE_LLAMA_SERVER); with "
                      "--runtime vllm: the Python of vLLM's venv (also $BUNDLE_VLLM_PYTHON).")(f)
     return click.option("--runtime", default="builtin", show_default=True,
@@ -116,12 +118,13 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
 
     api_key, metrics_key = client_keys(api_key_file, metrics_key_file)
     runtime, runtime_bin, dry_run = options.pop("runtime"), options.pop("runtime_bin"), options.pop("dry_run")
+    guarded = {"runtime_speculation": options.pop("runtime_speculation"), "runtime_probe_limit_s": options.pop("runtime_probe_limit")}
     records = None
     if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
         from bundler.trust.runrecord import ServeRecords
 
         recorded = {"max_queue": max_queue, "time_limit_s": time_limit, "sequences": sequences, "speculate": speculate,
-                    "prompt_cache": prompt_cache, "runtime": runtime, **options}
+                    "prompt_cache": prompt_cache, "runtime": runtime, "runtime_speculation": guarded["runtime_speculation"], **options}
         records = ServeRecords(store, keys.load_private_key(Path(attest_key), password()), recorded, attest_prompts=attest_prompts)
 
     def ready(info: dict[str, Any]) -> None:
@@ -133,7 +136,7 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
     try:
         source = DirSource(Path(from_dir), expected, store, Path(evidence) if evidence else None) if from_dir else StoreSource(store, parse_ref(ref))
         settings = ServeSettings(host=host, port=port, api_key=api_key, metrics_key=metrics_key, open_probes=open_probes, served_model_name=served_model_name,
-                                 max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options),
+                                 max_queue=max_queue, time_limit_s=time_limit, limits=limits, load=LoadOptions(**options), **guarded,
                                  batch=BatchSettings(sequences=sequences, speculate=speculate, prompt_cache=prompt_cache))
         if runtime != "builtin" or dry_run:
             return _serve_with_runtime(source, trusted(key_paths, ca_paths, identities, issuers), settings, runtime, runtime_bin, dry_run, records, ready)

@@ -53,6 +53,13 @@ class ServeSettings:
     max_queue: int = described(16, "Requests that may wait; more answer 429.")
     # A request's, queue included; also the worker's stall limit (/livez).
     time_limit_s: float = described(REQUEST_TIME_LIMIT_S, "Seconds a request may take (queue included).")
+    # serve --runtime: whether the runtime speculates (bundler.serve.runtimes.guard)
+    runtime_speculation: str = described("auto", "With --runtime: auto measures at start-up whether the runtime's speculation "
+                                                 "beats its plain decoding on this machine and serves the faster (remembered for "
+                                                 "later starts); on: the signed speculation; off: the target alone. A bundle "
+                                                 "whose signed settings turn the guard off speculates as signed.")
+    runtime_probe_limit_s: float = described(120.0, "With --runtime-speculation auto: seconds each probe may take; a longer "
+                                                    "one keeps the signed speculation.")
     limits: ServeLimits = field(default_factory=ServeLimits)
     load: LoadOptions = field(default_factory=LoadOptions)
     batch: BatchSettings = field(default_factory=BatchSettings)

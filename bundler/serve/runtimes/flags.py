@@ -74,12 +74,13 @@ class Launch:
     ready_path: str = "/v1/models"  # answers 200 once the model is loaded
     metrics_path: str | None = None  # the runtime's own Prometheus counters, if it has them
     port: int = 0
+    guard: dict[str, Any] | None = None  # whether it speculates, and why (bundler.serve.runtimes.guard.Verdict.shown)
 
     def shown(self) -> dict[str, Any]:
         """What `--dry-run` prints and the run record keeps: secrets masked."""
         return {"runtime": self.runtime, "version": self.version, "executable": self.executable, "argv": mask(self.argv),
                 "env": {k: ("***" if _secret(k) else v) for k, v in sorted(self.env.items())}, "speculation": self.plan,
-                "notes": self.notes}
+                "notes": self.notes, "guard": self.guard}
 
 
 def _secret(name: str) -> bool:
@@ -131,7 +132,7 @@ def _refuse_unhonoured(prepared: Prepared, opts: RuntimeOptions, plan: dict[str,
     if params.get("adaptive", True):
         notes.append("adaptive draft length: the runtime drafts a fixed length")
     if params.get("guard", True):
-        notes.append("guard: the runtime speculates throughout (serve it with --no-draft where speculation does not pay)")
+        notes.append("guard: the runtime cannot switch speculation per request; serve chooses at start-up (the guard block)")
     if params.get("draft_confidence"):
         notes.append("draft_confidence: no counterpart, drafts run to their length")
     return notes

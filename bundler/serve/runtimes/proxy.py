@@ -59,6 +59,7 @@ class Governed:
         self.stopping = threading.Event()
         self.inflight = 0
         self.pid: int | None = None  # the runtime's process
+        self.loading = f"the bundle is checked and the runtime {runtime} starts"  # /health's reason until ready
         self.client: aiohttp.ClientSession | None = None
 
     def become_ready(self, upstream: str, info: dict[str, str], shown: dict[str, Any], metrics_path: str | None) -> None:
@@ -81,7 +82,7 @@ class Governed:
             reason = self.dead or f"loading failed: {self.error}"
             return 503, {"status": "failed", "reason": reason, "acceptance_rate": None, "bundle": {"ref": ref, "digest": digest}}
         if self.upstream is None or self.mirror is None:
-            return 503, {"status": "loading", "reason": f"the bundle is checked and the runtime {self.runtime} starts",
+            return 503, {"status": "loading", "reason": self.loading,
                          "acceptance_rate": None, "bundle": {"ref": ref, "digest": digest}}
         rate = self.mirror.acceptance()
         if rate is not None and rate < self.min_acceptance:

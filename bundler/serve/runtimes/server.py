@@ -1,7 +1,9 @@
 """`bundle serve --runtime NAME`: the front door's port opens at once (/health answers 503 while the bundle is
 checked and the runtime loads); a supervising thread verifies and checks the bundle (bundler.serve.runtimes.checked),
 translates its signed settings (bundler.serve.runtimes.flags), and only then starts the runtime
-(bundler.serve.runtimes.child) on a free loopback port and waits for it to answer; from then on the front door
+(bundler.serve.runtimes.child) on a free loopback port and waits for it to answer (with the signed speculation or
+plain, as the start-up guard decides: bundler.serve.runtimes.guard, which may start it twice or three times to
+measure, /health still 503 meanwhile); from then on the front door
 (bundler.serve.runtimes.proxy) passes requests to it. The runtime ending by itself fails /health at once and ends
 `serve` a moment later with `runtime-failed`; SIGTERM drains the open requests, then stops the runtime."""
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 __all__ = ["HEALTH_GRACE_S", "dry_run", "runtime_entry", "serve_runtime"]
 
+import contextlib
 import dataclasses
 import sys
 import threading
@@ -19,10 +22,13 @@ from bundler.serve.metrics import dtype_name
 from bundler.serve.runtimes.checked import Prepared, prepared
 from bundler.serve.runtimes.child import Child, free_port
 from bundler.serve.runtimes.flags import Launch, RuntimeOptions, translate
+from bundler.serve.runtimes.guard import (Rate, Unmeasured, Verdict, VerdictCache, cache_key, decided, measured, probe, unmeasured,
+                                          would_probe)
 from bundler.serve.runtimes.proxy import Governed, build_proxy
 from bundler.serve.server import DRAIN_LIMIT_S, server_class
 from bundler.serve.settings import ServeSettings
 from bundler.serve.sources import Source
+from bundler.store.layout import Store
 
 HEALTH_GRACE_S = 2.0  # /health fails this long before the port closes after the runtime died: probes see it first
 START_TIMEOUT_S = 900.0  # vLLM's CPU engine compiles for minutes before it answers
@@ -45,10 +51,31 @@ def runtime_entry(p: Prepared, launch: Launch) -> dict[str, Any]:
     return {**launch.shown(), "files": [{"path": path, "sha256": digest} for path, digest in sorted(p.files.items())]}
 
 
+def _plain(p: Prepared, opts: RuntimeOptions) -> Launch:
+    """The runtime's command line without speculation (the guard's other choice)."""
+    return translate(p, dataclasses.replace(opts, speculate=False), free_port())
+
+
+def _with_verdict(launch: Launch, verdict: Verdict) -> Launch:
+    launch.guard = verdict.shown()
+    if not verdict.speculates() and verdict.source != "no-draft":
+        launch.notes = [f"guard: {verdict.reason}"]
+    return launch
+
+
+def _store(source: Source) -> Store | None:
+    """Where measured verdicts are remembered: the store serve was given (with --from-dir too)."""
+    store = getattr(source, "store", None)
+    return store if isinstance(store, Store) else None
+
+
 def dry_run(source: Source, trusted: Mapping[str, Any], settings: ServeSettings, opts: RuntimeOptions) -> dict[str, Any]:
-    """Every check, then the translation, as `serve` would start the runtime; nothing is started."""
+    """Every check, then the translation, as `serve` would start the runtime (its speculation as the guard decides
+    without a probe, else "would probe"); nothing is started."""
     with prepared(source, trusted, _footprint(opts, settings), settings.load.memory_budget) as p:
         launch = translate(p, opts, free_port())
+        verdict = decided(settings.runtime_speculation, p, launch, _store(source)) or would_probe(settings.runtime_speculation)
+        launch = _with_verdict(launch if verdict.speculates() else _plain(p, opts), verdict)
         return {"bundle": p.info, "checks": p.checks, "format": p.format, "memory": {k: p.memory.get(k) for k in ("total_bytes", "max_tokens")},
                 **runtime_entry(p, launch)}
 
@@ -66,6 +93,7 @@ class _Supervisor:
         self.g, self.source, self.trusted, self.opts, self.spawn, self.log = g, source, trusted, opts, spawn, log
         self.on_ready, self.on_record, self.on_end = on_ready, on_record, on_end
         self.child: Child | None = None
+        self.store = _store(source)
         self.record_entry: dict[str, Any] | None = None
         self.thread = threading.Thread(target=self.run, name="specbundle-runtime", daemon=True)
 
@@ -87,15 +115,12 @@ class _Supervisor:
 
     def _serve(self, p: Prepared) -> None:
         g, opts = self.g, dataclasses.replace(self.opts, upstream_key=self.g.upstream_key)
-        port = free_port()
-        launch = translate(p, opts, port)
-        self.child = child = self.spawn(opts.name, launch.argv, launch.env, p.root.parent / "work", self.log)
-        child.start()
-        g.pid = child.pid
-        upstream = f"http://127.0.0.1:{port}"
-        if not child.wait_ready(upstream + launch.ready_path, START_TIMEOUT_S, {"Authorization": f"Bearer {g.upstream_key}"},
-                                g.stopping.is_set):
+        launch = self._start_chosen(p, opts)
+        if launch is None:
             return
+        child = self.child
+        assert child is not None
+        upstream = f"http://127.0.0.1:{launch.port}"
         g.checks, g.min_acceptance = p.checks, float(p.params.get("min_acceptance") or 0.0)
         if self.on_record is not None and p.report is not None:
             g.on_request, self.record_entry = self.on_record(p, launch)
@@ -109,6 +134,72 @@ class _Supervisor:
             g.error = error
             time.sleep(HEALTH_GRACE_S)
             self.on_end()
+
+    def _start(self, p: Prepared, launch: Launch) -> bool:
+        """The runtime started as launched (the one before it stopped first: one in memory at a time); True once it
+        answers, False when serving stops first."""
+        if self.child is not None:
+            self.child.stop()
+        self.child = child = self.spawn(self.opts.name, launch.argv, launch.env, p.root.parent / "work", self.log)
+        child.start()
+        self.g.pid = child.pid
+        return child.wait_ready(f"http://127.0.0.1:{launch.port}{launch.ready_path}", START_TIMEOUT_S, self._auth(), self.g.stopping.is_set)
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.g.upstream_key}"}
+
+    def _chosen(self, launch: Launch, verdict: Verdict) -> Launch:
+        """The launch that runs, with the guard's verdict in its translation and one line in the log."""
+        with self.child.log_lock if self.child is not None else contextlib.nullcontext():
+            self.log.write(verdict.line() + "\n")
+            self.log.flush()
+        return _with_verdict(launch, verdict)
+
+    def _start_chosen(self, p: Prepared, opts: RuntimeOptions) -> Launch | None:
+        """The runtime started with the signed speculation or plain, as the guard decides (bundler.serve.runtimes.guard):
+        from the options, the signed settings or a remembered verdict, else measured now; None when serving stops."""
+        signed = translate(p, opts, free_port())
+        verdict = decided(self.g.settings.runtime_speculation, p, signed, self.store)
+        if verdict is None:
+            return self._measured(p, opts, signed)
+        launch = signed if verdict.speculates() else _plain(p, opts)
+        return self._chosen(launch, verdict) if self._start(p, launch) else None
+
+    def _probe(self, p: Prepared, launch: Launch) -> Rate | str:
+        """The running runtime's probe (bundler.serve.runtimes.guard.probe), or why it measured nothing."""
+        try:
+            return probe(f"http://127.0.0.1:{launch.port}", self._auth(), p.info["ref"], self.g.settings.runtime_probe_limit_s,
+                         self.g.stopping.is_set)
+        except Unmeasured as why:
+            return str(why)
+
+    def _measured(self, p: Prepared, opts: RuntimeOptions, signed: Launch) -> Launch | None:
+        """The signed speculation probed, then plain decoding; the faster serves (started again where it ran first)
+        and the verdict is remembered. A probe that decides nothing keeps the signed speculation."""
+        g, mode = self.g, self.g.settings.runtime_speculation
+        cache = VerdictCache(self.store, cache_key(p, signed))
+        g.loading = f"the runtime {opts.name}'s speculation is measured against its plain decoding (--runtime-speculation auto)"
+        if not self._start(p, signed):
+            return None
+        fast = self._probe(p, signed)
+        if g.stopping.is_set():
+            return None
+        if isinstance(fast, str):
+            return self._chosen(signed, unmeasured(mode, fast))
+        plain = _plain(p, opts)
+        if not self._start(p, plain):
+            return None
+        slow = self._probe(p, plain)
+        if g.stopping.is_set():
+            return None
+        verdict = unmeasured(mode, f"the plain probe: {slow}", fast) if isinstance(slow, str) else measured(mode, fast, slow)
+        cache.write(verdict)
+        if not verdict.speculates():
+            return self._chosen(plain, verdict)
+        signed = translate(p, opts, free_port())
+        return self._chosen(signed, verdict) if self._start(p, signed) else None
+
+
 
 
 def serve_runtime(source: Source, trusted: Mapping[str, Any], settings: ServeSettings, opts: RuntimeOptions, *,
