@@ -1,7 +1,7 @@
 """Continuous batching: many generations share one context per model, one sequence id each, and every step
 decodes one batch holding each active sequence's next token (or its last token and its proposed tokens, to
-verify), plus a chunk of a joining sequence's prompt. Each engine builds its context of many sequences
-(runner.engines.BatchContext: llama.cpp's SharedContext, the compact torch forward's TorchSharedContext).
+verify), plus a chunk of a joining sequence's prompt (runner.decoding.prefill). Each engine builds its context of
+many sequences (runner.engines.BatchContext: llama.cpp's SharedContext, the compact torch forward's TorchSharedContext).
 
 The step is runner.decoding.step's, the one `generate_speculative` runs for a single sequence: each sequence
 keeps its own sampler, draft length, statistics and policy (runner.decoding.policy, built by the one call
@@ -33,11 +33,12 @@ import torch
 
 from runner.decoding.ngram import NgramProposer
 from runner.decoding.policy import PairFacts, Policy, is_seeded
+from runner.decoding.prefill import PromptState, chunks, prefilled, start
 from runner.decoding.prompt_cache import CacheEntry, PromptCache
 from runner.decoding.sampling import Sampler
 from runner.decoding.settings import DRIVER_DEFAULTS, DecodingSettings, cache_tokens
 from runner.decoding.stats import Stats
-from runner.decoding.step import SequenceState, Step, Verdict
+from runner.decoding.step import Step, Verdict
 from runner.engines import BatchContext, as_engine
 from runner.engines.cells import Row
 
@@ -64,13 +65,10 @@ def shared_context(model, sequences: int, n_ctx_seq: int) -> BatchContext:
 
 
 @dataclass(kw_only=True)
-class Sequence(SequenceState):
-    """One generation in the batch: runner.decoding.step's state of one sequence id, and its prompt's progress."""
+class Sequence(PromptState):
+    """One generation in the batch: runner.decoding.step's state of one sequence id, its prompt's progress
+    (runner.decoding.prefill: `cached`, what an earlier request's cells held already with cache_prompts)."""
 
-    prompt: list[int]
-    prefilled: int = 0  # prompt tokens in the target's cache
-    cached: int = 0  # of them, those an earlier request's cells held already (cache_prompts)
-    draft_cached: int = 0  # prompt tokens the draft's cache held already
     done: bool = False
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
@@ -130,18 +128,13 @@ class BatchedGenerator:
         if self.prompt_cache is not None:
             self._recall(seq, prompt_ids)
         sampler = Sampler(temperature, top_p, seed, torch.device("cpu"), self.vocab_size)
+        proposer = NgramProposer(settings.ngram_min, settings.ngram_max) if policy.looks_up else None
         s = Sequence(seq=seq, prompt=list(prompt_ids), max_new_tokens=max_new_tokens, sampler=sampler, on_tokens=on_tokens,
-                     k=max(settings.draft_tokens, 1), policy=policy, stats=stats)
-        if policy.looks_up:  # the sequence's n-gram index of its prompt and the tokens so far
-            s.proposer = NgramProposer(settings.ngram_min, settings.ngram_max)
-            s.proposer.extend(s.prompt)
-        # What the id's cells hold of the prompt stays (nothing without cache_prompts); the target runs at least
-        # the prompt's last token, for the logits of the first new one.
-        s.prefilled = s.cached = min(self.target.common_prefix(seq, s.prompt), len(s.prompt) - 1)
-        self.target.keep(seq, s.cached)
-        if self.draft:
-            s.draft_cached = self.draft.common_prefix(seq, s.prompt)
-            self.draft.keep(seq, s.draft_cached)
+                     k=max(settings.draft_tokens, 1), policy=policy, proposer=proposer, stats=stats)
+        # the one prefill (runner.decoding.prefill): what the id's cells hold of the prompt stays (nothing without
+        # cache_prompts), the rest is prefilled in chunks among the other sequences' rows
+        start(self.stepper, s, self.target.common_prefix(seq, s.prompt),
+              self.draft.common_prefix(seq, s.prompt) if self.draft is not None else 0)
         self.slots[seq] = s
         if max_new_tokens <= 0:
             self._leave(s)
@@ -213,38 +206,24 @@ class BatchedGenerator:
         the sequences that finished in it."""
         # Not under torch.inference_mode() as a whole: torch's passes enter it themselves (TorchSharedContext.decode),
         # and the rest (sampling, verifying) works on tensors made from logits, which need no grad.
-        decoding = [s for s in self.active() if s.last is not None]
-        prefilling = [s for s in self.active() if s.last is None]
-        chunks: list[tuple[Sequence, list[int]]] = []
+        decoding = [s for s in self.active() if not s.prefilling]
+        waiting = [s for s in self.active() if s.prefilling]  # prompts fill the rest of the batch, oldest first
+        taken: list[tuple[Sequence, list[int]]] = []
 
         def fill(room: int) -> list[Row]:
-            for s in prefilling:  # prompts fill the rest of the batch, oldest first
-                if room <= 0:
-                    break
-                chunks.append((s, s.prompt[s.prefilled : s.prefilled + room]))
-                room -= len(chunks[-1][1])
-            return [(s.seq, chunk, False) for s, chunk in chunks]
+            taken.extend(chunks(waiting, room))
+            return [(s.seq, chunk, False) for s, chunk in taken]
 
         result = self.stepper.run(decoding, fill, self.before_pass)
-        if not result.verdicts and not chunks:
+        if not result.verdicts and not taken:
             return []
-        self.batch_sizes.append(len(decoding) + len(chunks))
+        self.batch_sizes.append(len(decoding) + len(taken))
         finished = [s for s, verdict in zip(decoding, result.verdicts) if self._emit(s, verdict)]
-        for (s, chunk), out in zip(chunks, result.filled_logits):
-            new = self._prefilled(s, chunk, out)
-            if new is not None and self._emit(s, Verdict(new, None)):
+        for (s, chunk), out in zip(taken, result.filled_logits):
+            first = prefilled(self.stepper, s, chunk, out)  # the first new token comes with the prompt's last chunk
+            if first is not None and self._emit(s, first):
                 finished.append(s)
         return finished
-
-    def _prefilled(self, s: Sequence, chunk: list[int], out) -> list[int] | None:
-        s.prefilled += len(chunk)
-        s.stats.target_passes += 1
-        s.stats.target_calls.append((s.prefilled - len(chunk), len(chunk)))
-        if s.prefilled < len(s.prompt):
-            return None
-        token, _ = self.stepper.pick(s, out)  # the first new token comes with the prompt's last chunk
-        s.last, s.behind = token, [*s.prompt[s.draft_cached :], token]
-        return [token]
 
     def _emit(self, s: Sequence, verdict: Verdict) -> bool:
         """Hands a sequence its new tokens; it leaves when done or when its caller asks to stop."""
