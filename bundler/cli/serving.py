@@ -105,34 +105,15 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
     from bundler.serve.sources import DirSource, StoreSource
 
     limits = serve_limits(host, allowed_hosts, max_body, header_timeout, max_connections)
-
-    if (ref is None) == (from_dir is None):
-        raise BundleError("usage", "give either REF or --from-dir DIR")
-    if from_dir and attest_key:
-        raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
-    if attest_prompts and not attest_key:
-        raise BundleError("usage", "--attest-prompts needs --attest-key KEY")
+    _check_sources(ref, from_dir, evidence, attest_key, attest_prompts)
     expected = expected_reference(from_dir, expect)
-    if evidence and not from_dir:
-        raise BundleError("usage", "--evidence goes with --from-dir")
-
     api_key, metrics_key = client_keys(api_key_file, metrics_key_file)
     runtime, runtime_bin, dry_run = options.pop("runtime"), options.pop("runtime_bin"), options.pop("dry_run")
     guarded = {"runtime_speculation": options.pop("runtime_speculation"), "runtime_probe_limit_s": options.pop("runtime_probe_limit")}
-    records = None
-    if attest_key:  # run records: one per busy hour and one at shutdown (bundler.trust.runrecord.ServeRecords)
-        from bundler.trust.runrecord import ServeRecords
-
-        recorded = {"max_queue": max_queue, "time_limit_s": time_limit, "sequences": sequences, "speculate": speculate,
-                    "prompt_cache": prompt_cache, "runtime": runtime, "runtime_speculation": guarded["runtime_speculation"], **options}
-        records = ServeRecords(store, keys.load_private_key(Path(attest_key), password()), recorded, attest_prompts=attest_prompts)
-
-    def ready(info: dict[str, Any]) -> None:
-        click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
-        if from_dir and expected is None:  # once serving: a refusal stays the one line CONTRACT.md promises
-            click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
-                       "under its signed name: pin the reference or digest", err=True)
-
+    recorded = {"max_queue": max_queue, "time_limit_s": time_limit, "sequences": sequences, "speculate": speculate,
+                "prompt_cache": prompt_cache, "runtime": runtime, "runtime_speculation": guarded["runtime_speculation"], **options}
+    records = _records(store, attest_key, attest_prompts, recorded)
+    ready = _announce(from_dir is not None and expected is None)
     try:
         source = DirSource(Path(from_dir), expected, store, Path(evidence) if evidence else None) if from_dir else StoreSource(store, parse_ref(ref))
         settings = ServeSettings(host=host, port=port, api_key=api_key, metrics_key=metrics_key, open_probes=open_probes, served_model_name=served_model_name,
@@ -142,9 +123,46 @@ def serve(store: Store, ref: str | None, from_dir: str | None, evidence: str | N
             return _serve_with_runtime(source, trusted(key_paths, ca_paths, identities, issuers), settings, runtime, runtime_bin, dry_run, records, ready)
         serve_bundle(source, trusted(key_paths, ca_paths, identities, issuers), settings, on_ready=ready, on_record=records.attach if records else None)
     finally:
-        written = records.close() if records else None
-        if written:
-            click.echo(f"run record {written.record} signed by {written.key_id[:16]}…", err=True)
+        _close(records)
+
+
+def _check_sources(ref: str | None, from_dir: str | None, evidence: str | None, attest_key: str | None, attest_prompts: bool) -> None:
+    """The options that go together: one source, records of store bundles only, evidence with a directory."""
+    if (ref is None) == (from_dir is None):
+        raise BundleError("usage", "give either REF or --from-dir DIR")
+    if from_dir and attest_key:
+        raise BundleError("usage", "--attest-key needs a bundle in the store (REF), not --from-dir")
+    if attest_prompts and not attest_key:
+        raise BundleError("usage", "--attest-prompts needs --attest-key KEY")
+    if evidence and not from_dir:
+        raise BundleError("usage", "--evidence goes with --from-dir")
+
+
+def _records(store: Store, attest_key: str | None, attest_prompts: bool, recorded: dict[str, Any]) -> Any:
+    """Run records of what is served (--attest-key): one per busy hour and one at shutdown (ServeRecords)."""
+    if not attest_key:
+        return None
+    from bundler.trust.runrecord import ServeRecords
+
+    return ServeRecords(store, keys.load_private_key(Path(attest_key), password()), recorded, attest_prompts=attest_prompts)
+
+
+def _close(records: Any) -> None:
+    written = records.close() if records else None
+    if written:
+        click.echo(f"run record {written.record} signed by {written.key_id[:16]}…", err=True)
+
+
+def _announce(unpinned: bool) -> Callable[[dict[str, Any]], None]:
+    """What serve says once it serves: the bundle and where; a warning for a directory served without --expect."""
+
+    def ready(info: dict[str, Any]) -> None:
+        click.echo(f"serving {info['ref']} ({info['digest']}, {info['engine']}, {info['dtype']}) on {info['url']}", err=True)
+        if unpinned:  # once serving: a refusal stays the one line CONTRACT.md promises
+            click.echo("warning: --from-dir without --expect (or $BUNDLE_EXPECT) serves any bundle the trusted keys signed, "
+                       "under its signed name: pin the reference or digest", err=True)
+
+    return ready
 
 
 def _serve_with_runtime(source: Any, trusted_keys: Any, settings: ServeSettings, runtime: str, runtime_bin: str | None, dry_run: bool,
