@@ -176,6 +176,23 @@ def runtime_draft(draft, checked: Mapping):
 
 
 
+def _load_runtime_pair(checked: Mapping, roles: Mapping[str, str], params: Mapping, dtype: str, device: str,
+                       verified_files: Mapping[str, str] | None, ranges: Ranges, reproducible: bool) -> tuple[Any, Any]:
+    """(target, draft or None) read from the preflight's directories, each file checked against `verified_files`
+    where given, as the loop runs them; the target batch-invariant where the run is to be reproducible."""
+    dirs = checked["dirs"]
+    target, *drafts = load_models(
+        [ModelFiles(dirs[role], role, verified_digests(verified_files, roles[role]), ranges) for role in model_roles(roles, params)],
+        dtype, device, compact=True,
+    )
+    target, draft = runtime_target(target), (runtime_draft(drafts[0], checked) if drafts else None)
+    if reproducible:  # greedy tokens whatever else shares a pass (runner.models.invariant); the draft only proposes
+        if not hasattr(target, "batch_invariant"):
+            raise BundleError("usage", "--reproducible runs on the compact torch forward only (Llama, Qwen2, Mistral)")
+        target = target.batch_invariant()
+    return target, draft
+
+
 def load_pair(
     root: Path,
     roles: Mapping[str, str],
@@ -219,15 +236,7 @@ def load_pair(
                              draft_tokens=draft_tokens, ranges=ranges)
     check_memory(memory, memory_budget, device)
     load_start = time.perf_counter()
-    target, *drafts = load_models(
-        [ModelFiles(dirs[role], role, verified_digests(verified_files, roles[role]), ranges) for role in model_roles(roles, params)],
-        dtype, device, compact=True,
-    )
-    target, draft = runtime_target(target), (runtime_draft(drafts[0], checked) if drafts else None)
-    if reproducible:  # greedy tokens whatever else shares a pass (runner.models.invariant); the draft only proposes
-        if not hasattr(target, "batch_invariant"):
-            raise BundleError("usage", "--reproducible runs on the compact torch forward only (Llama, Qwen2, Mistral)")
-        target = target.batch_invariant()
+    target, draft = _load_runtime_pair(checked, roles, params, dtype, device, verified_files, ranges, reproducible)
     threads = thread_count(params)
     sys.modules["torch"].set_num_threads(threads)  # the pod's CPUs (runner.checks.cpus), not the node's
     if torch_later:  # after the estimate: the predicted peak counts the import as load_models measured it

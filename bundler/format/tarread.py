@@ -177,6 +177,69 @@ def _check_name(raw: bytes, kind: str, layer: str, layer_parts: list[str], seen:
     return name
 
 
+def _header(s: _Stream, blk: bytes, layer: str) -> tuple[bytes, bytes, int, int]:
+    """The checked fixed fields of the header block just read: its magic, type flag, size and offset."""
+    header_at = s.pos - BLOCK
+    if not _checksum_ok(blk, layer):
+        raise BundleError("integrity", f"{layer}: bad tar header checksum at byte {header_at}")
+    magic = blk[MAGIC_FIELD[0] : MAGIC_FIELD[0] + 8]
+    if magic[:6] != MAGIC_USTAR and magic != MAGIC_GNU:
+        raise BundleError("integrity", f"{layer}: not a USTAR, PAX or GNU tar header at byte {header_at}")
+    typeflag = blk[TYPEFLAG_AT : TYPEFLAG_AT + 1]
+    size = _parse_number(blk[SIZE_FIELD[0] : SIZE_FIELD[0] + SIZE_FIELD[1]], "size", layer)
+    return magic, typeflag, size, header_at
+
+
+def _check_end(s: _Stream, layer: str, pending: bool) -> None:
+    """After a zero block: a second one, and no extended header (`pending`) left without its entry."""
+    if s.read(BLOCK) != ZERO_BLOCK:
+        raise BundleError("integrity", f"{layer}: data after a zero block at byte {s.pos - 2 * BLOCK}")
+    if pending:
+        raise BundleError("integrity", f"{layer}: archive ends after an extended header")
+
+
+def _read_extended(s: _Stream, typeflag: bytes, size: int, header_at: int, layer: str, pax: dict[bytes, bytes] | None,
+                   long_name: bytes | None) -> tuple[dict[bytes, bytes] | None, bytes | None]:
+    """A PAX or GNU long-name record, bounded and at most one of each per entry: (pax, long_name) with it read."""
+    if size > MAX_SPECIAL:
+        raise BundleError("unsafe-archive", f"{layer}: extended header of {size} bytes at byte {header_at}")
+    if (pax if typeflag == TYPE_PAX else long_name) is not None:
+        raise BundleError("unsafe-archive", f"{layer}: two extended headers for one entry at byte {header_at}")
+    data = s.read(size)
+    s.skip(-size % BLOCK)
+    if typeflag == TYPE_PAX:
+        return _parse_pax(data, layer), long_name
+    return pax, data.split(b"\x00", 1)[0]
+
+
+def _entry_fields(blk: bytes, magic: bytes, typeflag: bytes, size: int, header_at: int, records: dict[bytes, bytes],
+                  long_name: bytes | None, layer: str) -> tuple[bytes, bytes, int]:
+    """The entry's raw name, type flag and size once the USTAR prefix, the GNU long name and the PAX records
+    apply (a PAX record wins; any GNU sparse record makes it a sparse file)."""
+    raw_name = _field(blk, NAME_FIELD)
+    if magic[:6] == MAGIC_USTAR and _field(blk, PREFIX_FIELD):
+        raw_name = _field(blk, PREFIX_FIELD) + b"/" + raw_name
+    if long_name is not None:
+        raw_name = long_name
+    raw_name = records.get(b"path", raw_name)
+    if b"size" in records:
+        if not records[b"size"].isdigit():
+            raise BundleError("integrity", f"{layer}: bad PAX size record at byte {header_at}")
+        size = int(records[b"size"])
+    if any(k.startswith(b"GNU.sparse.") for k in records):
+        typeflag = b"S"
+    return raw_name, typeflag, size
+
+
+def _entry_kind(typeflag: bytes, raw_name: bytes, layer: str) -> str:
+    """The entry's kind, "file" or "dir": any other type (links, devices, fifos, sparse files, ...) is refused."""
+    kind = "file" if typeflag in (TYPE_REG, b"\x00") else "dir" if typeflag == TYPE_DIR else ""
+    if not kind:
+        why = _TYPE_WORDS.get(typeflag, f"has unsupported type {typeflag!r}")
+        raise BundleError("unsafe-archive", f"{layer}: entry '{raw_name.decode('utf-8', 'replace')}' {why}")
+    return kind
+
+
 def iter_layer(stream: BinaryIO, layer_path: str) -> Iterator[tuple[TarMember, BinaryIO | None]]:
     """Read a layer tar safely, yielding members in order with a reader for file content (None for
     directories; read it before advancing).
@@ -196,51 +259,16 @@ def iter_layer(stream: BinaryIO, layer_path: str) -> Iterator[tuple[TarMember, B
     while True:
         blk = s.read(BLOCK)
         if blk == ZERO_BLOCK:
-            if s.read(BLOCK) != ZERO_BLOCK:
-                raise BundleError("integrity", f"{layer}: data after a zero block at byte {s.pos - 2 * BLOCK}")
-            if pax is not None or long_name is not None:
-                raise BundleError("integrity", f"{layer}: archive ends after an extended header")
+            _check_end(s, layer, pax is not None or long_name is not None)
             return
-        header_at = s.pos - BLOCK
-        if not _checksum_ok(blk, layer):
-            raise BundleError("integrity", f"{layer}: bad tar header checksum at byte {header_at}")
-        magic = blk[MAGIC_FIELD[0] : MAGIC_FIELD[0] + 8]
-        if magic[:6] != MAGIC_USTAR and magic != MAGIC_GNU:
-            raise BundleError("integrity", f"{layer}: not a USTAR, PAX or GNU tar header at byte {header_at}")
-        typeflag = blk[TYPEFLAG_AT : TYPEFLAG_AT + 1]
-        size = _parse_number(blk[SIZE_FIELD[0] : SIZE_FIELD[0] + SIZE_FIELD[1]], "size", layer)
-
+        magic, typeflag, size, header_at = _header(s, blk, layer)
         if typeflag in (TYPE_PAX, TYPE_GNU_LONGNAME):
-            if size > MAX_SPECIAL:
-                raise BundleError("unsafe-archive", f"{layer}: extended header of {size} bytes at byte {header_at}")
-            if (pax if typeflag == TYPE_PAX else long_name) is not None:
-                raise BundleError("unsafe-archive", f"{layer}: two extended headers for one entry at byte {header_at}")
-            data = s.read(size)
-            s.skip(-size % BLOCK)
-            if typeflag == TYPE_PAX:
-                pax = _parse_pax(data, layer)
-            else:
-                long_name = data.split(b"\x00", 1)[0]
+            pax, long_name = _read_extended(s, typeflag, size, header_at, layer, pax, long_name)
             continue
-
         records, pax = pax or {}, None
-        raw_name = _field(blk, NAME_FIELD)
-        if magic[:6] == MAGIC_USTAR and _field(blk, PREFIX_FIELD):
-            raw_name = _field(blk, PREFIX_FIELD) + b"/" + raw_name
-        if long_name is not None:
-            raw_name, long_name = long_name, None
-        raw_name = records.get(b"path", raw_name)
-        if b"size" in records:
-            if not records[b"size"].isdigit():
-                raise BundleError("integrity", f"{layer}: bad PAX size record at byte {header_at}")
-            size = int(records[b"size"])
-        if any(k.startswith(b"GNU.sparse.") for k in records):
-            typeflag = b"S"
-
-        kind = "file" if typeflag in (TYPE_REG, b"\x00") else "dir" if typeflag == TYPE_DIR else ""
-        if not kind:
-            why = _TYPE_WORDS.get(typeflag, f"has unsupported type {typeflag!r}")
-            raise BundleError("unsafe-archive", f"{layer}: entry '{raw_name.decode('utf-8', 'replace')}' {why}")
+        raw_name, typeflag, size = _entry_fields(blk, magic, typeflag, size, header_at, records, long_name, layer)
+        long_name = None
+        kind = _entry_kind(typeflag, raw_name, layer)
         name = _check_name(raw_name, kind, layer, layer_parts, seen)
         if kind == "dir" and size:
             raise BundleError("unsafe-archive", f"{layer}: entry '{name}' is a directory with {size} bytes of data")

@@ -150,31 +150,20 @@ def _pad(n: int) -> bytes:
     return bytes(-n % BLOCK)
 
 
-def encode_header(
-    name: str,
-    *,
-    typeflag: bytes,
-    size: int,
-    mode: int,
-    uid: int = 1000,
-    gid: int = 0,
-    mtime: int = 0,
-    uname: str = "",
-    gname: str = "",
-    linkname: str = "",
-) -> bytes:
-    """Header block(s) exactly as Go's archive/tar writes them: USTAR when it fits (splitting long names
-    into prefix/name at a '/' like Go), else a PAX extended header record (named as Go names it, records
-    sorted by key) followed by the header itself. `linkname` exists only to reproduce Go's own test files."""
-    bname, blink, buname, bgname = _b(name), _b(linkname), _b(uname), _b(gname)
-    if any(b"\x00" in s for s in (bname, blink, buname, bgname)):
+def _check_header_input(name: str, bname: bytes, others: tuple[bytes, ...], typeflag: bytes, mode: int) -> None:
+    """What no header can hold: a NUL in a name (`bname`, or the link, user or group name in `others`), a regular
+    file named like a directory, a mode past its field."""
+    if any(b"\x00" in s for s in (bname, *others)):
         raise BundleError("internal", f"tar header for {name!r}: NUL byte in a name")
     if typeflag == TYPE_REG and bname.endswith(b"/"):
         raise BundleError("internal", f"tar header for {name!r}: a regular file's name may not end with '/'")
     if not _fits_octal(MODE_FIELD[1], mode):
         raise BundleError("internal", f"tar header for {name!r}: mode {mode:o} does not fit")
 
-    # Go's allowedFormats: which fields keep the header from being USTAR, and their PAX records.
+
+def _allowed_formats(bname: bytes, blink: bytes, buname: bytes, bgname: bytes, uid: int, gid: int, size: int,
+                     mtime: int) -> tuple[bool, dict[bytes, bytes]]:
+    """Go's allowedFormats: whether the header can be USTAR, and the PAX records of the fields that do not fit."""
     ustar, pax = True, {}
     for key, value, width in ((b"path", bname, NAME_FIELD[1]), (b"linkpath", blink, LINKNAME_FIELD[1]), (b"uname", buname, UNAME_FIELD[1]), (b"gname", bgname, GNAME_FIELD[1])):
         if not _is_ascii(value) or len(value) > width:
@@ -185,6 +174,31 @@ def encode_header(
         if not _fits_octal(width, number):
             ustar = False
             pax[key] = str(number).encode()
+    return ustar, pax
+
+
+def _pax_header(name: str, bname: bytes, pax: dict[bytes, bytes]) -> bytes:
+    """The PAX extended header block (named as Go names it) and its records, sorted by key, padded."""
+    records = b"".join(_pax_record(k, pax[k]) for k in sorted(pax))
+    if len(records) > MAX_SPECIAL:
+        raise BundleError("internal", f"tar header for {name!r}: PAX records too large")
+    xhdr = bytearray(BLOCK)
+    xhdr[TYPEFLAG_AT] = TYPE_PAX[0]
+    _put_string(xhdr, NAME_FIELD, _pax_header_name(bname))
+    for field in (MODE_FIELD, UID_FIELD, GID_FIELD, MTIME_FIELD):
+        _put_octal(xhdr, field, 0)
+    _put_octal(xhdr, SIZE_FIELD, len(records))
+    return _finish(xhdr) + records + _pad(len(records))
+
+
+def encode_header(name: str, *, typeflag: bytes, size: int, mode: int, uid: int = 1000, gid: int = 0, mtime: int = 0,
+                  uname: str = "", gname: str = "", linkname: str = "") -> bytes:
+    """Header block(s) exactly as Go's archive/tar writes them: USTAR when it fits (splitting long names
+    into prefix/name at a '/' like Go), else a PAX extended header record (named as Go names it, records
+    sorted by key) followed by the header itself. `linkname` exists only to reproduce Go's own test files."""
+    bname, blink, buname, bgname = _b(name), _b(linkname), _b(uname), _b(gname)
+    _check_header_input(name, bname, (blink, buname, bgname), typeflag, mode)
+    ustar, pax = _allowed_formats(bname, blink, buname, bgname, uid, gid, size, mtime)
 
     def template(put_str: Callable[[bytearray, tuple[int, int], bytes], None]) -> bytearray:
         blk = bytearray(BLOCK)
@@ -208,22 +222,14 @@ def encode_header(
         _put_string(blk, PREFIX_FIELD, prefix)
         return _finish(blk)
 
-    records = b"".join(_pax_record(k, pax[k]) for k in sorted(pax))
-    if len(records) > MAX_SPECIAL:
-        raise BundleError("internal", f"tar header for {name!r}: PAX records too large")
-    xhdr = bytearray(BLOCK)
-    xhdr[TYPEFLAG_AT] = TYPE_PAX[0]
-    _put_string(xhdr, NAME_FIELD, _pax_header_name(bname))
-    for field in (MODE_FIELD, UID_FIELD, GID_FIELD, MTIME_FIELD):
-        _put_octal(xhdr, field, 0)
-    _put_octal(xhdr, SIZE_FIELD, len(records))
+    extended = _pax_header(name, bname, pax)
 
     def ascii_string(blk: bytearray, field: tuple[int, int], s: bytes) -> None:
         _put_string(blk, field, _to_ascii(s))
 
     blk = template(ascii_string)
     ascii_string(blk, NAME_FIELD, bname)
-    return _finish(xhdr) + records + _pad(len(records)) + _finish(blk)
+    return extended + _finish(blk)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -55,6 +55,12 @@ def _candidate_checks(mk: ModelKit, files: Mapping[str, int], payload: bytes, tr
     return claims, checks, None
 
 
+# A candidate signature: its descriptor, its Sigstore bundle bytes, its kind (cosign.kind_of). A failed one: how
+# far it got (higher says more), its checks, its error.
+_Candidate = tuple[Descriptor, bytes, str | None]
+_Failure = tuple[int, list[Check], BundleError]
+
+
 def select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted: Mapping[str, Any], now: dt.datetime) -> tuple[signature.SignedClaims, bytes] | None:
     """The first attached signature that passes every per-signature check: a model-signing one, else a
     cosign-style one where no model-signing signature carries a valid signature by a trusted key. Model-signing
@@ -65,27 +71,53 @@ def select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted: 
     candidate that got furthest is the error: it is in the report (its checks and `error`), and None is returned.
     """
     found = find_signatures(store, mk.digest)
-    damaged = damaged_signatures(store, mk.digest)
-    if found and damaged:  # every blob verify walks is checked: a damaged store is refused, not verified around
-        err = BundleError("digest-mismatch", f"{mk.ref} ({mk.digest[:19]}…): signature artifact {damaged[0][:19]}… in the store is "
-                          "damaged (a blob is missing or does not match its digest); pull or sign the bundle again")
-        report.checks.append(Check("signature", False, err.message))
-        report.error = err
-        return None
-    if not found:
-        why = (f"has no usable signature: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does not match "
-               "its digest); pull or sign it again" if damaged else "has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
-        err = BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) {why}")
-        report.checks.append(Check("signature", False, err.message))
-        report.error = err
+    refused = _store_refusal(mk, found, damaged_signatures(store, mk.digest))
+    if refused is not None:
+        report.checks.append(Check("signature", False, refused.message))
+        report.error = refused
         return None
     # Cosign-style signatures name only the manifest digest: each is checked (one ECDSA verification) and
     # listed, but decides only where no model-signing signature is validly signed by a trusted key: that one
     # is the key's full statement (files, name, version, expiry), and its failure stands (docs/cosign.md).
     kinds = [(desc, payload, cosign.kind_of(payload)) for desc, payload in found]
     candidates = [c for k in (cosign.KIND, cosign.MODEL_SIGNING_KIND) for c in [c for c in kinds if c[2] == k][:MAX_SIGNATURES]]
+    by_cosign, cosign_best = _try_cosign(candidates, mk, report, trusted, now)
+    held, best, names_trusted = _try_model_signing(candidates, mk, report, trusted, now)
+    if held is not None:
+        return held
+    if by_cosign is not None and not names_trusted:
+        desc, payload, claims = by_cosign
+        report.signature_digest = desc.digest
+        return _cosign_claims(store, mk, report, claims), payload
+    if cosign_best is not None and not names_trusted and (best is None or cosign_best[0] > best[0]):
+        best = cosign_best
+    if len(found) > len(candidates):
+        report.skipped_signatures.append({"digest": None, "key_id": None, "check": "signature", "error": {"code": "signature-invalid", "message": f"{len(found) - len(candidates)} more signatures not considered (at most {MAX_SIGNATURES} of each kind)"}})
+    assert best is not None
+    report.checks.extend(best[1])
+    report.error = best[2]
+    return None
+
+
+def _store_refusal(mk: ModelKit, found: list[tuple[Descriptor, bytes]], damaged: list[str]) -> BundleError | None:
+    """Why the store's signatures are not looked at: one is damaged beside usable ones (every blob verify walks
+    is checked: a damaged store is refused, not verified around), or there is none usable; None when they are."""
+    if found and damaged:
+        return BundleError("digest-mismatch", f"{mk.ref} ({mk.digest[:19]}…): signature artifact {damaged[0][:19]}… in the store is "
+                           "damaged (a blob is missing or does not match its digest); pull or sign the bundle again")
+    if not found:
+        why = (f"has no usable signature: signature artifact {damaged[0][:19]}… is damaged (a blob is missing or does not match "
+               "its digest); pull or sign it again" if damaged else "has no signature (sign it with `bundle sign`, or pass --allow-unsigned to check integrity only)")
+        return BundleError("signature-missing", f"{mk.ref} ({mk.digest[:19]}…) {why}")
+    return None
+
+
+def _try_cosign(candidates: list[_Candidate], mk: ModelKit, report: VerifyReport, trusted: Mapping[str, Any],
+                now: dt.datetime) -> tuple[tuple[Descriptor, bytes, cosign.CosignClaims] | None, _Failure | None]:
+    """Every cosign-style candidate checked against the manifest digest and listed in report.signatures: the
+    first that holds, and the failure that says most (ranked below any model-signing failure past its signature check)."""
     by_cosign: tuple[Descriptor, bytes, cosign.CosignClaims] | None = None
-    cosign_best: tuple[int, list[Check], BundleError] | None = None
+    cosign_best: _Failure | None = None
     for desc, payload, kind in candidates:
         if kind != cosign.KIND:
             continue
@@ -100,7 +132,15 @@ def select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted: 
             continue
         report.signatures.append({"kind": kind, "digest": desc.digest, "key_id": held.key_id, "verified": True})
         by_cosign = by_cosign or (desc, payload, held)
-    best: tuple[int, list[Check], BundleError] | None = None
+    return by_cosign, cosign_best
+
+
+def _try_model_signing(candidates: list[_Candidate], mk: ModelKit, report: VerifyReport, trusted: Mapping[str, Any],
+                       now: dt.datetime) -> tuple[tuple[signature.SignedClaims, bytes] | None, _Failure | None, bool]:
+    """The model-signing candidates in order, each listed in report.signatures: the first that passes every check
+    (its checks and digest put in the report), else None with the failure of the one that got furthest (the others
+    in skipped_signatures); and whether one by a trusted key held its signature check."""
+    best: _Failure | None = None
     # Whether a model-signing signature by a trusted key held its signature check: only such a one is the
     # key's statement. A hint is outside the signed bytes, so an unsigned artifact naming the key counts for nothing.
     names_trusted = False
@@ -114,24 +154,13 @@ def select_signature(store: Store, mk: ModelKit, report: VerifyReport, trusted: 
         if err is None and claims is not None:
             report.checks.extend(checks)
             report.signature_digest = desc.digest
-            return claims, payload
+            return (claims, payload), best, names_trusted
         assert err is not None
         report.skipped_signatures.append({"digest": desc.digest, "key_id": claims.key_id if claims else None, "check": checks[-1].name, "error": {"code": err.code, "message": err.message}})
         rank = _STAGES.index(checks[-1].name) * 2 + (err.code != "signature-invalid")
         if best is None or rank > best[0]:
             best = (rank, checks, err)
-    if by_cosign is not None and not names_trusted:
-        desc, payload, held = by_cosign
-        report.signature_digest = desc.digest
-        return _cosign_claims(store, mk, report, held), payload
-    if cosign_best is not None and not names_trusted and (best is None or cosign_best[0] > best[0]):
-        best = cosign_best
-    if len(found) > len(candidates):
-        report.skipped_signatures.append({"digest": None, "key_id": None, "check": "signature", "error": {"code": "signature-invalid", "message": f"{len(found) - len(candidates)} more signatures not considered (at most {MAX_SIGNATURES} of each kind)"}})
-    assert best is not None
-    report.checks.extend(best[1])
-    report.error = best[2]
-    return None
+    return None, best, names_trusted
 
 
 def _cosign_claims(store: Store, mk: ModelKit, report: VerifyReport, held: cosign.CosignClaims) -> signature.SignedClaims:

@@ -238,36 +238,16 @@ def init_context(
     target = _source_dir(target, "--target")
     draft = _source_dir(draft, "--draft") if draft is not None else None
     tok_source = _source_dir(tokenizer, "--tokenizer") if tokenizer is not None else target
-    if out.name in ("", ".", ".."):  # `-o .`: the staging directory goes beside the real directory
-        out = out.resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise BundleError("usage", f"-o {out}: exists and is not an empty directory; init writes a new context")
-    version = version or DEFAULT_VERSION
-    if not VERSION_PATTERN.match(version):
-        raise BundleError("usage", f"--version {version!r} must be a version like 1.0.0")
-    model_name = sanitise_name(_model_dir_name(target))
-    name = name if name is not None else model_name
-    if not NAME_PATTERN.match(name) or len(name) > MAX_NAME:
-        hint = "" if name else f" (none could be made from the directory name {_model_dir_name(target)!r})"
-        raise BundleError("usage", f"--name {name!r}: a package name is lower-case letters and digits, "
-                          f"separated by single '.', '_' or '-'{hint}")
+    out = _new_context_dir(out)
+    version = _checked_version(version)
+    model_name, name = _package_name(target, name)
 
     sources = {"target": _source_files(target), **({"draft": _source_files(draft)} if draft is not None else {})}
-    for role, (files, _) in sources.items():
-        found = pickle_files([rel for rel, _ in files])
-        if found:  # refused before anything is linked or copied
-            raise BundleError("pickle-weights", f"{role} {(target if role == 'target' else draft) / found[0]} holds "
-                              "pickle-based weights: remove it (keep the *.safetensors) or download safetensors only")
-    tok_files = [(n, p) for n, p in _source_files(tok_source)[0] if "/" not in n and n in TOKENIZER_FILES]
-    if not any(n == "tokenizer.json" for n, _ in tok_files):
-        where = "--tokenizer" if tokenizer is not None else "--target"
-        raise BundleError("missing-input", f"{where} {tok_source} has no tokenizer.json: give --tokenizer DIR with the "
-                          "target's tokenizer.json (and tokenizer_config.json)")
+    _refuse_pickles(sources, target, draft)
+    tok_files = _tokenizer_files(tok_source, "--tokenizer" if tokenizer is not None else "--target")
 
     dtype = config_dtype(_read_config(target))
-    speculative = dict(DEFAULT_SPECULATIVE) if draft is not None else {"methods": list(DRAFT_FREE_METHODS)}
-    if draft is not None and (draft / DRAFT_VOCAB_FILE).is_file():  # the draft scores only these ids (runner/models/draft_vocab.py)
-        speculative["draft_vocab"] = DRAFT_VOCAB_FILE
+    speculative = _speculative(draft)
     description = (f"{_model_dir_name(target)} (target) with {_model_dir_name(draft)} (draft)" if draft is not None
                    else f"{_model_dir_name(target)} (target), draft-free speculation")
 
@@ -290,6 +270,62 @@ def init_context(
         raise
     skipped = [name for _, left in sources.values() for name in left]
     return InitResult(out, kitfile, roles, checked.fingerprint, checked.pairing, dtype, skipped)
+
+
+def _new_context_dir(out: Path) -> Path:
+    """`-o` as init writes it: refused unless it is new or an empty directory."""
+    if out.name in ("", ".", ".."):  # `-o .`: the staging directory goes beside the real directory
+        out = out.resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError("usage", f"-o {out}: exists and is not an empty directory; init writes a new context")
+    return out
+
+
+def _checked_version(version: str | None) -> str:
+    """--version (else DEFAULT_VERSION), as the Kitfile schema's package.version pattern allows it."""
+    version = version or DEFAULT_VERSION
+    if not VERSION_PATTERN.match(version):
+        raise BundleError("usage", f"--version {version!r} must be a version like 1.0.0")
+    return version
+
+
+def _package_name(target: Path, name: str | None) -> tuple[str, str]:
+    """(model name, package name): the target directory's name made a package name, and --name (else that one),
+    as the Kitfile schema's package.name pattern allows it."""
+    model_name = sanitise_name(_model_dir_name(target))
+    name = name if name is not None else model_name
+    if not NAME_PATTERN.match(name) or len(name) > MAX_NAME:
+        hint = "" if name else f" (none could be made from the directory name {_model_dir_name(target)!r})"
+        raise BundleError("usage", f"--name {name!r}: a package name is lower-case letters and digits, "
+                          f"separated by single '.', '_' or '-'{hint}")
+    return model_name, name
+
+
+def _refuse_pickles(sources: dict[str, tuple[list[tuple[str, Path]], list[str]]], target: Path, draft: Path | None) -> None:
+    """Refuse pickle-based weights in either model directory."""
+    for role, (files, _) in sources.items():
+        found = pickle_files([rel for rel, _ in files])
+        if found:  # refused before anything is linked or copied
+            raise BundleError("pickle-weights", f"{role} {(target if role == 'target' else draft) / found[0]} holds "
+                              "pickle-based weights: remove it (keep the *.safetensors) or download safetensors only")
+
+
+def _tokenizer_files(tok_source: Path, flag: str) -> list[tuple[str, Path]]:
+    """The tokenizer files at the top of `tok_source` (given as `flag`), which must hold a tokenizer.json."""
+    tok_files = [(n, p) for n, p in _source_files(tok_source)[0] if "/" not in n and n in TOKENIZER_FILES]
+    if not any(n == "tokenizer.json" for n, _ in tok_files):
+        raise BundleError("missing-input", f"{flag} {tok_source} has no tokenizer.json: give --tokenizer DIR with the "
+                          "target's tokenizer.json (and tokenizer_config.json)")
+    return tok_files
+
+
+def _speculative(draft: Path | None) -> dict[str, Any]:
+    """The Kitfile's speculative parameters: the benchmark's settings with a draft (and its draft vocabulary where
+    it ships one), else draft-free speculation."""
+    speculative = dict(DEFAULT_SPECULATIVE) if draft is not None else {"methods": list(DRAFT_FREE_METHODS)}
+    if draft is not None and (draft / DRAFT_VOCAB_FILE).is_file():  # the draft scores only these ids (runner/models/draft_vocab.py)
+        speculative["draft_vocab"] = DRAFT_VOCAB_FILE
+    return speculative
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

@@ -174,6 +174,21 @@ class _Models:
     others: dict[str, Any] = field(default_factory=dict)
 
 
+def _load_models(checked: Mapping[str, Any], roles: Mapping[str, str], dtype: str, device: str,
+                 verified_files: Mapping[str, str] | None, ranges: Mapping[Path, FileRange], has_draft: bool) -> _Models:
+    """The pair loaded from the preflight's directories (weight files checked against `verified_files` where given):
+    as transformers loads them, as `bundle run` runs them, and the target in the other plain dtypes."""
+    dirs = checked["dirs"]
+    load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=verified_digests(verified_files, roles[role]),  # noqa: E731
+                                       ranges=ranges)
+    target, plain_draft = load("target", dtype), (load("draft", dtype) if has_draft else None)
+    # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
+    # models as transformers loads them.
+    models = _Models(target, plain_draft, runtime_target(target), runtime_draft(plain_draft, checked) if has_draft else None)
+    models.others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
+    return models
+
+
 def bench_unpacked(
     root: Path,
     roles: Mapping[str, str],
@@ -218,13 +233,7 @@ def bench_unpacked(
     ids = fitting_ids(prompts, max_new_tokens, model_window(dirs["target"]), tokenizer, lambda p: prompt_ids(tokenizer, p, raw=False))
     eos = eos_ids(tokenizer, dirs["target"])
     vocab = load_spec(checked["tokenizer_dir"]).vocab_size
-    load = lambda role, dt: load_model(dirs[role], dt, device, role=role, expected_sha256=verified_digests(verified_files, roles[role]),  # noqa: E731
-                                       ranges=ranges)
-    target, plain_draft = load("target", dtype), (load("draft", dtype) if has_draft else None)
-    # Ours run as `bundle run` runs them; the target alone and transformers' assisted generation get the
-    # models as transformers loads them.
-    models = _Models(target, plain_draft, runtime_target(target), runtime_draft(plain_draft, checked) if has_draft else None)
-    models.others = {other: load("target", other) for other in PLAIN_DTYPES if other != dtype}
+    models = _load_models(checked, roles, dtype, device, verified_files, ranges, has_draft)
 
     rounds = _timed_rounds(models, _methods(models, settings, eos, vocab, max_new_tokens, k, history), ids, eos, dtype, repeat, say)
     # the draft alone, for the cost ratio (nothing to time without a draft: prompt lookup costs no model call)
