@@ -4,8 +4,9 @@ our probes and model card, then every other /v1 (and /openai/v1) request passed 
 through one pool of async HTTP connections, its answer streamed back as it comes, chunk by chunk, never
 buffered. The pool is aiohttp's, not httpx's: on a 2-core machine the front door's CPU is taken from the runtime,
 and httpx spent about half of the relay's time per streamed token in its pure-Python HTTP parser and a timeout
-scope per read (py-spy, governed llama-server at 1 client); aiohttp parses in C and re-arms one timer per read. The runtime is given a key of its own that only this process knows, so a local user who finds its port
-cannot go around the front door. A full queue answers 429, the runtime unreachable 502, as OpenAI errors."""
+scope per read (py-spy, governed llama-server at 1 client); aiohttp parses in C and re-arms one timer per read.
+The runtime is given a key of its own that only this process knows, so a local user who finds its port cannot go
+around the front door. A full queue answers 429, the runtime unreachable 502, as OpenAI errors."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ class Governed:
         runtime sent them (no decompression); --time-limit bounds each wait for the runtime's next bytes."""
         if self.client is None:
             room = self.sequences + self.settings.max_queue + 4
-            self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=room, force_close=False),
+            self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=room),
                                                 timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.settings.time_limit_s),
                                                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
         return self.client
@@ -244,7 +245,7 @@ async def _relay(g: Governed, upstream: aiohttp.ClientResponse, started: float) 
         status = "error"
     finally:
         g.inflight -= 1
-        if status == "cancelled" or status in ("timeout", "error"):
+        if status in ("cancelled", "timeout", "error"):
             upstream.close()  # a half-read answer: its connection cannot serve another request
         else:
             upstream.release()
