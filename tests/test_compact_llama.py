@@ -177,23 +177,34 @@ def _files(tmp_path: Path, model) -> "ModelFiles":
     return ModelFiles(tmp_path, "target", {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()})
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["as-stored", "packed"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_a_model_loaded_without_transformers_gives_its_bfloat16_logits_bit_for_bit(tmp_path: Path, arch: str) -> None:
-    """bf16 from the same files: built from the checkpoint's tensors as they are (views of the hashed buffer,
-    no copy), the logits of transformers' model loaded from them, prefill, steps and a verify chunk."""
+def test_a_model_loaded_without_transformers_gives_its_bfloat16_logits_bit_for_bit(tmp_path: Path, arch: str, pack: bool,
+                                                                                  monkeypatch) -> None:
+    """bf16 from the same files: the logits of transformers' model loaded from them, prefill, steps and a verify
+    chunk; built from the checkpoint's tensors as they are (views of the hashed buffer, no copy) where packing
+    does not pay, and with the layers packed and fused (runner.models.packed) where it does."""
+    from runner.models import packed
     from runner.models.loading import load_models
     from runner.checks.modelinfo import read_safetensors_header
     from tests.tinymodels import tiny_model
 
+    if pack and not packed.pays(torch.bfloat16, torch.get_num_threads()):
+        pytest.skip("packed bf16 weights do not pay (or do not give F.linear's bits) on this CPU")
+    if not pack:
+        monkeypatch.setattr(packed, "pays", lambda dtype, threads: False)
     files = _files(tmp_path, tiny_model(arch, V, seed=4, hidden=64, layers=2, heads=4, kv_heads=2, init_std=0.2, dtype=torch.bfloat16))
     (ours,), (theirs,) = load_models([files], "bfloat16", "cpu", compact=True), load_models([files], "bfloat16", "cpu")
     assert isinstance(ours, CompactLlama) and not isinstance(theirs, CompactLlama)
-    header = read_safetensors_header(tmp_path / "model.safetensors")
     layer = ours.weights.layers[1]
-    placed = {"model.embed_tokens.weight": ours.weights.embed, "model.norm.weight": ours.weights.norm,
-              "model.layers.1.self_attn.k_proj.weight": layer.k, "model.layers.1.mlp.down_proj.weight": layer.down}
-    base = ours.weights.embed.data_ptr() - header["model.embed_tokens.weight"]["data_offsets"][0]
-    assert {k: t.data_ptr() - base for k, t in placed.items()} == {k: header[k]["data_offsets"][0] for k in placed}
+    if pack:
+        assert layer.qkv.is_mkldnn and layer.gate_up.is_mkldnn and ours.head.is_mkldnn and not hasattr(layer, "q")
+    else:
+        header = read_safetensors_header(tmp_path / "model.safetensors")
+        placed = {"model.embed_tokens.weight": ours.weights.embed, "model.norm.weight": ours.weights.norm,
+                  "model.layers.1.self_attn.k_proj.weight": layer.k, "model.layers.1.mlp.down_proj.weight": layer.down}
+        base = ours.weights.embed.data_ptr() - header["model.embed_tokens.weight"]["data_offsets"][0]
+        assert {k: t.data_ptr() - base for k, t in placed.items()} == {k: header[k]["data_offsets"][0] for k in placed}
     reference = CompactLlama(theirs)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
     g = torch.Generator().manual_seed(1)

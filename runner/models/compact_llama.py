@@ -6,6 +6,10 @@ work outweighs its matrix work (docs/benchmarks.md). The logits are transformers
 the same rotary frequencies, attention called the way transformers' SDPA path calls it. It runs only the
 architecture it implements exactly (`supports`: Llama, Qwen2 (q/k/v biases) and Mistral with full
 attention, SiLU MLP, default RoPE); tests check its logits against transformers' on the same weights. Any other model runs through transformers.
+Where the weights are packed for oneDNN (runner.models.packed, bf16 where a probe at load measures it exact and
+faster) that holds for passes of up to 31 tokens, the sizes decoding steps use; a longer prefill's products
+may then differ from `F.linear`'s in the last bit, because `F.linear` changes its blocking with the row count
+and the packed product does not.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import torch.nn.functional as F
 
 from runner.models.draft_vocab import full_vocab_logits, head_rows
 from runner.models.invariant import InvariantForward, room
+from runner.models import packed
+from runner.models.packed import gated_mlp, linear, qkv
 from runner.models.row_plan import BatchedCache, RowPlan
 from runner.checks.modelinfo import COMPACT_ARCHITECTURES as ARCHITECTURES
 
@@ -202,8 +208,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _mlp(x: torch.Tensor, layer: SimpleNamespace, eps: float) -> torch.Tensor:
     """A layer's second half: the residual stream after its gated SiLU MLP."""
-    h = _rms_norm(x, layer.ln2, eps)
-    return x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+    return x + gated_mlp(_rms_norm(x, layer.ln2, eps), layer)
+
+
+def _packed_head(weights: SimpleNamespace, head: torch.Tensor, ids: list[int] | None) -> torch.Tensor:
+    """The head in the layout of packed weights (runner.models.packed): the whole vocabulary's packed once per
+    weights, shared by the models that score it all; a subset's per model."""
+    if ids is not None:
+        return packed.packed(head)
+    if getattr(weights, "packed_head", None) is None:
+        weights.packed_head = packed.packed(head)
+    return weights.packed_head
 
 
 class CompactLlama(torch.nn.Module):
@@ -231,7 +246,7 @@ class CompactLlama(torch.nn.Module):
         self.full_size = weight.shape[0]
         index, head = (None, weight) if ids is None else head_rows(weight, ids)
         self.register_buffer("ids", index, persistent=False)
-        self.register_buffer("head", head, persistent=False)
+        self.head = _packed_head(self.weights, head, ids) if getattr(self.weights, "packed", False) else head
         self.register_buffer("inv_freq", self.weights.inv_freq, persistent=False)
         self.vocab_ids = ids
         # --reproducible: every pass through the batch-invariant forward (runner.models.invariant)
@@ -285,18 +300,17 @@ class CompactLlama(torch.nn.Module):
         if t > 1 and start > 0:
             mask = (torch.arange(end, device=x.device)[None, :] <= torch.arange(start, end, device=x.device)[:, None]).view(1, 1, t, end)
         for i, layer in enumerate(w.layers):
-            h = _rms_norm(x, layer.ln1, self.eps)
-            # biases: None for Llama without attention_bias, q/k/v for Qwen2
-            q = F.linear(h, layer.q, layer.q_bias).view(1, t, self.heads, self.head_dim).transpose(1, 2)
-            k = F.linear(h, layer.k, layer.k_bias).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = F.linear(h, layer.v, layer.v_bias).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = qkv(_rms_norm(x, layer.ln1, self.eps), layer)
+            q = q.view(1, t, self.heads, self.head_dim).transpose(1, 2)
+            k = k.view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
             cache.keys[i, :, :, start:end] = _rotate(k, cos, sin)
             cache.values[i, :, :, start:end] = v
             out = F.scaled_dot_product_attention(
                 _rotate(q, cos, sin), cache.keys[i, :, :, :end], cache.values[i, :, :, :end], attn_mask=mask,
                 is_causal=t > 1 and start == 0, scale=self.scale, enable_gqa=self.heads != self.kv_heads,
             )
-            x = _mlp(x + F.linear(out.transpose(1, 2).reshape(1, t, -1), layer.o, layer.o_bias), layer, self.eps)
+            x = _mlp(x + linear(out.transpose(1, 2).reshape(1, t, -1), layer.o, layer.o_bias), layer, self.eps)
         cache.length = end
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
@@ -310,7 +324,7 @@ class CompactLlama(torch.nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        scores = F.linear(_rms_norm(x, self.weights.norm, self.eps), self.head)
+        scores = linear(_rms_norm(x, self.weights.norm, self.eps), self.head)
         return scores if self.ids is None else full_vocab_logits(scores, self.ids, self.full_size)
 
     def new_batched_cache(self, sequences: int, limit: int) -> BatchedCache:
@@ -335,11 +349,11 @@ class CompactLlama(torch.nn.Module):
         x = F.embedding(plan.ids.view(1, t), w.embed)
         cos, sin = (table[:, None] for table in self._rope(plan.positions, x.dtype))  # one per token, for all its heads
         for i, layer in enumerate(w.layers):
-            h = _rms_norm(x, layer.ln1, self.eps)  # (1, tokens, hidden), as forward's: the same kernels
-            q = _rotate(F.linear(h, layer.q, layer.q_bias).view(t, heads, d), cos, sin)
+            q, k, v = qkv(_rms_norm(x, layer.ln1, self.eps), layer)  # (1, tokens, ...), as forward's: the same kernels
+            q = _rotate(q.view(t, heads, d), cos, sin)
             keys, values = cache.keys[i], cache.values[i]  # (sequences, kv heads, positions, head dim)
-            plan.write(keys, _rotate(F.linear(h, layer.k, layer.k_bias).view(t, kv_heads, d), cos, sin))
-            plan.write(values, F.linear(h, layer.v, layer.v_bias).view(t, kv_heads, d))
+            plan.write(keys, _rotate(k.view(t, kv_heads, d), cos, sin))
+            plan.write(values, v.view(t, kv_heads, d))
             if plan.padding:
                 padded = q.new_zeros(plan.slots, heads, d)
                 padded[plan.slot] = q
@@ -355,6 +369,6 @@ class CompactLlama(torch.nn.Module):
             out = out.reshape(len(rows), heads, plan.width, d).transpose(1, 2).reshape(plan.slots, heads * d)
             if plan.padding:
                 out = out[plan.slot]
-            x = _mlp(x + F.linear(out.view(1, t, -1), layer.o, layer.o_bias), layer, self.eps)
+            x = _mlp(x + linear(out.view(1, t, -1), layer.o, layer.o_bias), layer, self.eps)
         return self._logits(x[:, outputs])[0].float()
 

@@ -33,6 +33,8 @@ __all__ = ["BLOCK", "CELLS", "InvariantForward", "room"]
 import torch
 import torch.nn.functional as F
 
+from runner.models.packed import gated_mlp, linear, qkv
+
 BLOCK = 8  # token slots per pass through the layers
 CELLS = 256  # cells per attention run
 ROPE_CHUNK = 1024  # positions whose RoPE tables are computed in one call
@@ -101,15 +103,15 @@ class InvariantForward:
         runs = room(max(positions) + 1) // CELLS
         heads, kv_heads, d = m.heads, m.kv_heads, m.head_dim
         for i, layer in enumerate(w.layers):
-            h = _rms_norm(x, layer.ln1, m.eps)
-            q = _rotate(F.linear(h, layer.q, layer.q_bias).view(BLOCK, heads, d), cos, sin)
-            k = _rotate(F.linear(h, layer.k, layer.k_bias).view(BLOCK, kv_heads, d), cos, sin)
-            v = F.linear(h, layer.v, layer.v_bias).view(BLOCK, kv_heads, d)
+            q, k, v = qkv(_rms_norm(x, layer.ln1, m.eps), layer)
+            q = _rotate(q.view(BLOCK, heads, d), cos, sin)
+            k = _rotate(k.view(BLOCK, kv_heads, d), cos, sin)
+            v = v.view(BLOCK, kv_heads, d)
             keys[i, seqs[:n], :, pos[:n]] = k[:n]
             values[i, seqs[:n], :, pos[:n]] = v[:n]
             out = self._attend(q, keys[i], values[i], seqs, pos, runs).to(x.dtype)
-            x = x + F.linear(out, layer.o, layer.o_bias)
-            x = x + _mlp(_rms_norm(x, layer.ln2, m.eps), layer)
+            x = x + linear(out, layer.o, layer.o_bias)
+            x = x + gated_mlp(_rms_norm(x, layer.ln2, m.eps), layer)
         return x
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seqs: torch.Tensor,
@@ -155,6 +157,3 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
-
-def _mlp(h: torch.Tensor, layer) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)

@@ -311,12 +311,12 @@ def _build(role: str, buffers: list, shards: Mapping[Path, FileRange], dt, devic
             state_dict[key] = tensor.to(dt) if tensor.is_floating_point() and tensor.dtype != dt else tensor
         del tensors
     if compact:
-        from runner.models import compact_llama
+        from runner.models import compact_llama, packed
 
         config = compact_llama.compact_config(config_dict)
         weights = config and compact_llama.weights_from_state_dict(config, {k: v.to(device) for k, v in state_dict.items()})
-        if weights is not None:
-            return compact_llama.CompactLlama(weights)
+        if weights is not None:  # laid out for the CPU's matrix kernel where that is measured to pay (runner.models.packed)
+            return compact_llama.CompactLlama(packed.pack(weights))
     return _from_state_dict(config_from_dict(config_dict, role), state_dict, dt, role).to(device)
 
 
