@@ -3,9 +3,10 @@ the same input fused into one product (q/k/v; the MLP's gate/up).
 
 Why: a decoding step multiplies a handful of rows by every weight, so its matrix products are bound by how fast
 the weights stream, and `F.linear` on a weight as it lies streams a bf16 weight at half the speed of the same
-product on the layout oneDNN's kernel reads (and two products of one input at less than one of both). Measured on the Xeon with AMX, 2 threads, the 30 layers and head of the 135M demo target, weights streamed
-from memory: 23.9 ms per step at 1 row with `F.linear`, 16.1 ms packed, 13.4 ms packed and fused (1.8x); the
-same at 4, 8 and 16 rows. The packed product is oneDNN's own (`torch.ops.mkldnn._linear_pointwise`, the op
+product on the layout oneDNN's kernel reads (and two products of one input at less than one of both). Measured
+on the Xeon with AMX, 2 threads, the 30 layers and head of the 135M demo target, weights streamed from memory:
+23.9 ms per step at 1 row with `F.linear`, 16.1 ms packed, 13.4 ms packed and fused (1.8x); the same at 4, 8 and
+16 rows. The packed product is oneDNN's own (`torch.ops.mkldnn._linear_pointwise`, the op
 torch's compiler emits for a frozen linear), so its bits are `F.linear`'s up to 31 rows; from 32 rows `F.linear`
 changes its blocking and a row's bits with the row count, while the packed one keeps them: every row's result
 is the same whatever else the pass holds (measured up to 600 rows).
