@@ -179,6 +179,18 @@ def test_the_front_door_guards_the_runtime(server: Server) -> None:
     assert direct.status_code == 401
 
 
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a priority per thread is Linux's")
+def test_the_front_door_yields_the_cpu_to_the_runtime_which_keeps_its_priority(server: Server) -> None:
+    runtime = httpx.get(server.url + "/status.json", headers=server.auth()).json()["runtime"]["pid"]
+    ours = _nice(os.getpid())
+    assert _nice(server.proc.pid) == min(ours + 10, 19)  # the event loop's thread: the process's main thread
+    assert _nice(runtime) == ours
+
+
 def test_probes_models_and_metrics_speak_as_bundle_serve(server: Server) -> None:
     health = httpx.get(server.url + "/health", headers=server.auth())
     assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["bundle"]["ref"] == REF

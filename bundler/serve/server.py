@@ -128,8 +128,10 @@ def serve_bundle(source: Source, trusted: Mapping[str, Any], settings: ServeSett
 
     serving = Serving(settings, source.name())
     app = build_app(serving)
+    # asyncio's loop, not uvloop (a dependency for serve --runtime's front door): here uvloop saved under 5% of the
+    # loop's CPU a token and nothing in tokens/s (docs/serving.md), so the loop every test of this server ran on stays.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                            http=protocol_class(settings.limits), lifespan="off",
+                            http=protocol_class(settings.limits), lifespan="off", loop="asyncio",
                             timeout_graceful_shutdown=int(min(settings.time_limit_s, DRAIN_LIMIT_S)))
     server = _server_class()(config)
     url = f"http://{settings.host}:{settings.port}"
