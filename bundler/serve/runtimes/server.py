@@ -225,14 +225,6 @@ def _yield_to_runtime() -> int | None:
     return before
 
 
-def _front_door_loop() -> str:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
-
-
 def serve_runtime(source: Source, trusted: Mapping[str, Any], settings: ServeSettings, opts: RuntimeOptions, *,
                   on_ready: OnReady | None = None, on_record: RecordHook | None = None, spawn: Spawn = Child,
                   log: TextIO | None = None) -> None:
@@ -246,9 +238,10 @@ def serve_runtime(source: Source, trusted: Mapping[str, Any], settings: ServeSet
     g = Governed(settings, source.name(), opts.name, opts.sequences)
     # uvloop: the front door's CPU per relayed token is taken from a runtime bound to every core; on the EPYC (Zen 4,
     # 2 cores) the front door spent 409 us of CPU a streamed event on uvloop against 514 on asyncio's loop (16 turns
-    # interleaved, llama-cpp-python runtime, /proc/PID/task/*/schedstat). Where uvloop is absent (Windows): asyncio.
+    # interleaved, llama-cpp-python runtime, /proc/PID/task/*/schedstat). uvicorn's "auto" is uvloop where installed,
+    # asyncio's loop where it is not (Windows).
     config = uvicorn.Config(build_proxy(g), host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                            http=protocol_class(settings.limits), lifespan="off", loop=_front_door_loop(),
+                            http=protocol_class(settings.limits), lifespan="off", loop="auto",
                             timeout_graceful_shutdown=int(min(settings.time_limit_s, DRAIN_LIMIT_S)))
     class Server(server_class()):
         async def shutdown(self, sockets: Any = None) -> None:
