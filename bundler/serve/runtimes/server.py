@@ -9,7 +9,7 @@ measure, /health still 503 meanwhile); from then on the front door
 
 from __future__ import annotations
 
-__all__ = ["HEALTH_GRACE_S", "dry_run", "runtime_entry", "serve_runtime"]
+__all__ = ["FRONT_DOOR_NICE", "HEALTH_GRACE_S", "dry_run", "runtime_entry", "serve_runtime"]
 
 import contextlib
 import dataclasses
