@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from serving.common import (GGUF_REF, TORCH_REF, Process, add_bundle_options, bundle_serve_argv, emit, free_port,  # noqa: E402
-                            machine, percentile, read_prompt_set, trusted_keys)
+                            machine, percentile, proc_cpu, read_prompt_set, trusted_keys)
 
 GOVERNED_START_S = 3600.0  # the start-up guard's probes: up to three starts of the runtime before it serves
 
@@ -90,9 +90,9 @@ def turn(url: str, prompts: list[str], clients: int, args: argparse.Namespace, m
 
 def cpu_seconds(pid: int) -> float:
     """The CPU time (user + system, every thread) of one process so far, not counting its children: for the
-    governed server, the front door's own (the runtime is its child)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    governed server, the front door's own (the runtime is its child). The process's stat, not its threads'
+    summed: a thread that ended during a turn keeps its time there."""
+    return proc_cpu(f"/proc/{pid}/stat")[1]
 
 
 def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespace, model: str, front_pid: int) -> dict[str, Any]:

@@ -16,11 +16,10 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from serving.common import (
-    Process, add_bundle_options, bundle_serve_argv, free_port, gguf_files, machine, read_prompt_set, stream, whole,
+    Process, add_bundle_options, bundle_serve_argv, free_port, gguf_files, machine, proc_cpu, read_prompt_set, stream, whole,
 )
 
 
@@ -63,12 +62,9 @@ def thread_cpu(pid: int) -> dict[str, tuple[str, float]]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            out[tid] = proc_cpu(f"/proc/{pid}/task/{tid}/stat")
         except FileNotFoundError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        out[tid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
     return out
 
 

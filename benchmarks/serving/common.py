@@ -99,6 +99,14 @@ def checked_bundle(ref: str, store: str, key: str, footprint: dict[str, Any]) ->
         raise SystemExit(err.line()) from None
 
 
+def proc_cpu(stat_path: str) -> tuple[str, float]:
+    """A /proc stat file's (a process's, or one thread's under task/) name and CPU seconds so far, user +
+    system (fields 14 and 15; a process's own, its children not counted)."""
+    stat = Path(stat_path).read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return stat[stat.index("(") + 1 : stat.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
