@@ -48,8 +48,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from serving.common import emit
+    from serving.common import emit, stop_servers_on_sigterm
 
+    stop_servers_on_sigterm()
     args, module = parse(argv)
     emit({"mode": args.mode, **module.run(args)}, args.out)
 

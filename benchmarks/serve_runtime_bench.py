@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from serving.common import (GGUF_REF, TORCH_REF, Process, add_bundle_options, bundle_serve_argv, emit, free_port,  # noqa: E402
-                            machine, percentile, proc_cpu, read_prompt_set, trusted_keys)
+                            machine, percentile, proc_cpu, read_prompt_set, stop_servers_on_sigterm, trusted_keys)
 
 GOVERNED_START_S = 3600.0  # the start-up guard's probes: up to three starts of the runtime before it serves
 
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(parser)
     args = parser.parse_args(argv)
+    stop_servers_on_sigterm()
     emit({"benchmark": "serve_runtime", **run(args)}, args.out)
 
 

@@ -119,6 +119,15 @@ def bundle_serve_argv(args: argparse.Namespace, port: int, extra: list[str]) -> 
             "--port", str(port), "--max-queue", "64", *extra]
 
 
+def stop_servers_on_sigterm() -> None:
+    """SIGTERM to a benchmark unwinds it as Ctrl-C does, so each Process's `finally` stops its server by its pid
+    (by default SIGTERM ended the benchmark alone and left its servers running)."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 class Process:
     """A server process on 127.0.0.1, up once `ready_path` answers 200 (within `timeout_s`); stopped by its pid
     with SIGTERM. `env` goes on top of this process's environment (a None value removes the name); `model` is the
