@@ -37,10 +37,8 @@ jsdeps:
 		[ -d tests/js/node_modules/@sigstore/verify ] || npm ci --prefix tests/js --no-audit --no-fund --silent; \
 	else echo "node/npm absent: the @sigstore/verify tests will be skipped"; fi
 
-# Two workers (pytest-xdist), a test file each at a time: one worker alone kept one of the two cores idle
-# about half the time (tests wait on servers, registries and child processes), 29 minutes on a 2-core VM.
 test: $(STAMP) sysdeps jsdeps
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	bash demo/demo.sh
