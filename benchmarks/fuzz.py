@@ -12,8 +12,11 @@ ok only where the change cannot matter (a key file or index.json edited to the s
 changed content-addressed blob (manifest, config, layer, signature) is counted as a bypass.
 
 Running each case as a CLI subprocess costs ~1 s of interpreter start-up on this machine, so the CLI's
-`main` runs in-process inside a few long-lived worker processes (fork), each case bounded by an address
-space limit in the worker and a wall-clock limit in the parent (the worker is killed and replaced on a hang).
+`main` runs in-process inside a few long-lived worker processes, each case bounded by an address space limit in
+the worker and a wall-clock limit in the parent (the worker is killed and replaced on a hang). The workers come
+from multiprocessing's "forkserver" (`_context`), never a plain fork of the caller: a caller with threads (a
+pytest-xdist worker runs execnet's) handed a forked worker its locks held by threads that do not exist there, and
+a worker waited in `Thread.start` forever.
 
     .venv/bin/python benchmarks/fuzz.py [--cases 10000] [--seed 1] [--workers 2] [--timeout 20]
 
@@ -202,11 +205,19 @@ def _worker(conn: Any, base: dict[str, Any], seed: int, work: str, run: Any = No
             conn.send({"case": case, "outcome": "crash", "error": "MemoryError outside main", "exit": 1})
 
 
+def _context() -> Any:
+    """multiprocessing's forkserver, the CLI imported in it once: each worker is a fork of that one-threaded
+    server (with the CLI's imports done), whatever threads the caller runs."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["bundler.cli"])
+    return ctx
+
+
 def campaign(cases: int, seed: int = 1, workers: int = 2, timeout: float = 20.0, progress: bool = False,
              build: Any = None, run: Any = None) -> dict[str, Any]:
     """Run `cases` seeded cases on `workers` processes; the tally and every non-refused, non-ok case.
     build(root) -> base and run(base, seed, case, work) -> outcome: another surface (default: the store's)."""
-    ctx = mp.get_context("fork")
+    ctx = _context()
     tmp = Path(tempfile.mkdtemp(prefix="specbundle-fuzz-"))
     try:
         base = (build or build_base)(tmp / "base")
@@ -297,10 +308,9 @@ def _write_gguf_context(ctx: Path) -> None:
 
 def build_gguf_base(root: Path) -> dict[str, Any]:
     """A bundle context with a tiny GGUF pair that `bundle pack` accepts; where each file's header ends.
-    It is built in a child process: torch's threads (make_pair) must not exist in the process the workers
-    are forked from (a worker would inherit a held lock and wait forever)."""
+    It is built in a child process: make_pair's torch threads stay out of the caller."""
     ctx = root / "ctx"
-    builder = mp.get_context("fork").Process(target=_write_gguf_context, args=(ctx,))
+    builder = _context().Process(target=_write_gguf_context, args=(ctx,))
     builder.start()
     builder.join()
     assert builder.exitcode == 0, "building the base GGUF pair failed"
