@@ -96,10 +96,12 @@ def cpu_seconds(pid: int) -> float:
 
 def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespace, model: str, front_pid: int) -> dict[str, Any]:
     """Per client count: A B B A turns per round; tokens/s and TTFT p99 of each, and governed / hand ratios, and
-    the front door's CPU per streamed token over the governed turns (what it takes from the runtime's cores)."""
+    the front door's CPU per streamed token over the governed turns (what it takes from the runtime's cores).
+    Each turn's slowest first token (`slowest_ttft_s`: seconds, and the request's place in the turn's order, where
+    the first N went out at once) says whether a TTFT p99 is one stall or every turn's."""
     out: dict[str, Any] = {}
     for clients in [int(c) for c in args.clients.split(",")]:
-        totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": [], "turns": [], "cpu_s": 0.0} for name in servers}
+        totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": [], "turns": [], "slowest": [], "cpu_s": 0.0} for name in servers}
         for _ in range(args.warmup):  # a runtime's first requests (page faults of the weights, buffers) are not its speed
             for name in servers:
                 turn(servers[name], prompts, clients, args, model)
@@ -112,7 +114,10 @@ def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespac
                 totals[name]["wall_s"] += got["wall_s"]
                 totals[name]["ttft_s"] += got["ttft_s"]
                 totals[name]["turns"].append(round(got["tokens"] / got["wall_s"], 2))
-        row = {name: {"tokens_per_second": t["tokens"] / t["wall_s"], "ttft_p99_s": percentile(t["ttft_s"], 0.99), "turns": t["turns"]}
+                slow = max(range(len(got["ttft_s"])), key=got["ttft_s"].__getitem__)  # which request: the first wave or later
+                totals[name]["slowest"].append([round(got["ttft_s"][slow], 3), slow])
+        row = {name: {"tokens_per_second": t["tokens"] / t["wall_s"], "ttft_p99_s": percentile(t["ttft_s"], 0.99), "turns": t["turns"],
+                      "slowest_ttft_s": t["slowest"]}
                for name, t in totals.items()}
         row["tps_ratio"] = row["governed"]["tokens_per_second"] / row["hand"]["tokens_per_second"]
         row["ttft_p99_ratio"] = row["governed"]["ttft_p99_s"] / row["hand"]["ttft_p99_s"]
