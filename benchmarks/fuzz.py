@@ -14,9 +14,9 @@ changed content-addressed blob (manifest, config, layer, signature) is counted a
 Running each case as a CLI subprocess costs ~1 s of interpreter start-up on this machine, so the CLI's
 `main` runs in-process inside a few long-lived worker processes, each case bounded by an address space limit in
 the worker and a wall-clock limit in the parent (the worker is killed and replaced on a hang). The workers come
-from multiprocessing's "forkserver" (`_context`), never a plain fork of the caller: a caller with threads (a
-pytest-xdist worker runs execnet's) handed a forked worker its locks held by threads that do not exist there, and
-a worker waited in `Thread.start` forever.
+from multiprocessing's "forkserver" (`_context`), never a plain fork of the caller: a worker forked from a
+caller with threads (a pytest-xdist worker runs execnet's) can inherit a lock held by a thread it does not have,
+and one waited in `Thread.start` forever.
 
     .venv/bin/python benchmarks/fuzz.py [--cases 10000] [--seed 1] [--workers 2] [--timeout 20]
 
