@@ -246,20 +246,26 @@ class _Holder:
 
 
 def test_a_full_queue_answers_429_with_retry_after(server: Server) -> None:
-    holder = _Holder(server)
+    # The clients are made before the holder starts: the holder's tokens (1024 at most) take about a second on
+    # the tiny model, and with two test workers on two cores making three clients (each its own TLS context) and
+    # a thread pool once took longer: the holder ended, the queue drained, and the third request was served.
+    clients = [httpx.Client(timeout=120) for _ in range(3)]
+    holder = _Holder(server, max_tokens=1024)
     try:
         with ThreadPoolExecutor(2) as pool:  # fill the queue (2 places) with requests that wait
-            waiting = [pool.submit(httpx.post, server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=120) for _ in range(2)]
+            waiting = [pool.submit(c.post, server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}) for c in clients[:2]]
             deadline = time.monotonic() + 30
-            while httpx.get(server.url + "/status.json").json()["live"]["queue_depth"] < 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+            while clients[2].get(server.url + "/status.json").json()["live"]["queue_depth"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            r = clients[2].post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
             assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
             assert r.json()["error"]["type"] == "rate_limit_error" and r.headers["x-bundle-digest"].startswith("sha256:")
             holder.close()
             assert all(w.result().status_code == 200 for w in waiting)
     finally:
         holder.close()
+        for c in clients:
+            c.close()
 
 
 def test_a_client_closed_mid_stream_frees_the_worker(server: Server) -> None:
