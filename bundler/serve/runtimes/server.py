@@ -9,11 +9,10 @@ measure, /health still 503 meanwhile); from then on the front door
 
 from __future__ import annotations
 
-__all__ = ["FRONT_DOOR_NICE", "HEALTH_GRACE_S", "dry_run", "runtime_entry", "serve_runtime"]
+__all__ = ["HEALTH_GRACE_S", "dry_run", "runtime_entry", "serve_runtime"]
 
 import contextlib
 import dataclasses
-import os
 import sys
 import threading
 import time
@@ -34,7 +33,6 @@ from bundler.store.layout import Store
 HEALTH_GRACE_S = 2.0  # /health fails this long before the port closes after the runtime died: probes see it first
 START_TIMEOUT_S = 900.0  # vLLM's CPU engine compiles for minutes before it answers
 JOIN_S = 30.0
-FRONT_DOOR_NICE = 10  # added to the event loop thread's nice value (_yield_to_runtime)
 
 OnReady = Callable[[dict[str, Any]], None]
 # The run record's hook: given the checked bundle and the launch, returns the per-request hook (stats) and the
@@ -202,29 +200,6 @@ class _Supervisor:
         return self._chosen(signed, verdict) if self._start(p, signed) else None
 
 
-
-
-def _yield_to_runtime() -> int | None:
-    """The front door's thread (the event loop's) at a lower priority than the runtime (FRONT_DOOR_NICE), where
-    the system has one per thread (Linux). On a machine whose every core the runtime's threads use, each relayed
-    token wakes the front door; at the same priority the scheduler lets it preempt a runtime thread mid-pass, and a
-    runtime whose threads meet at a barrier every layer (llama.cpp, vLLM's OpenMP engine) then waits for it
-    whole. At a lower priority it runs in the runtime's gaps instead; where a core is free it runs at once as
-    before. Called after the supervising thread has started: the runtime it spawns keeps the normal priority.
-    Measured in docs/benchmarks.md ("Governed runtimes against the same runtime by hand"): governed llama-server
-    against by hand, 1 / 4 / 8 clients, 0.952 / 0.973 / 0.987 at the same priority, 1.084 / 0.978 / 0.989 niced.
-    Probes and admission still get their share of a busy CPU (nice 10 weighs about a tenth of nice 0). Returns the
-    thread's priority before, or None where it was not changed."""
-    if sys.platform != "linux":
-        return None
-    try:
-        before = os.getpriority(os.PRIO_PROCESS, 0)
-        os.setpriority(os.PRIO_PROCESS, 0, min(before + FRONT_DOOR_NICE, 19))
-    except OSError:  # a sandbox that forbids it: the front door keeps the priority it has
-        return None
-    return before
-
-
 def serve_runtime(source: Source, trusted: Mapping[str, Any], settings: ServeSettings, opts: RuntimeOptions, *,
                   on_ready: OnReady | None = None, on_record: RecordHook | None = None, spawn: Spawn = Child,
                   log: TextIO | None = None) -> None:
@@ -236,6 +211,9 @@ def serve_runtime(source: Source, trusted: Mapping[str, Any], settings: ServeSet
     from bundler.serve.request_guard import protocol_class
 
     g = Governed(settings, source.name(), opts.name, opts.sequences)
+    # The front door keeps the runtime's priority. Its loop's thread at nice +10 (tried to let it relay in the
+    # runtime's gaps) starved it under load: governed vLLM at 8 clients on 2 cores, a new request waited 2.4-3.9 s
+    # to reach the front door's handler (docs/benchmarks.md, "The front door's priority, undone").
     # uvloop: the front door's CPU per relayed token is taken from a runtime bound to every core; on the EPYC (Zen 4,
     # 2 cores) the front door spent 409 us of CPU a streamed event on uvloop against 514 on asyncio's loop (16 turns
     # interleaved, llama-cpp-python runtime, /proc/PID/task/*/schedstat). uvicorn's "auto" is uvloop where installed,
@@ -261,12 +239,9 @@ def serve_runtime(source: Source, trusted: Mapping[str, Any], settings: ServeSet
 
     supervisor = _Supervisor(g, source, trusted, opts, spawn, log or sys.stderr, ready, on_record, end)
     supervisor.thread.start()
-    priority = _yield_to_runtime()
     try:
         server.run()
     finally:
-        if priority is not None:  # as it was (serve_runtime may run in a caller's thread, tests do)
-            os.setpriority(os.PRIO_PROCESS, 0, priority)
         g.stopping.set()
         if supervisor.child is not None:
             supervisor.child.stop()
