@@ -87,13 +87,13 @@ def difference(target: Mapping, draft: Mapping) -> str | None:
 
 def _probe_ids(files: Mapping[str, Path]) -> dict[str, list[list[int]]]:
     """The probe set through each file's own llama.cpp tokenizer (vocabulary only), in one child process."""
-    from runner.engines import llamacpp
+    from runner.engines import llamacpp_files
 
     def probe() -> dict[str, list[list[int]]]:
         out = {}
         for role, path in files.items():
             os.write(2, f"{_DOING}{Path(path).name}\n".encode())  # the log names the file if llama.cpp aborts
-            out[role] = llamacpp.vocab_tokenize(path, list(PROBES))
+            out[role] = llamacpp_files.vocab_tokenize(path, list(PROBES))
         return out
 
     return _in_child(probe)
