@@ -37,8 +37,9 @@ print(f"imported {len(names)} modules")
 
 
 def _copy_sources(dest: Path) -> Path:
-    """The checkout's files a wheel is built from (no venv, no tests, no build outputs)."""
-    shutil.copytree(ROOT, dest, ignore=lambda d, names: [n for n in names if n in SKIP or n.endswith(".egg-info")])
+    """The checkout's files a wheel is built from (no venv, no tests, no build outputs, nothing hidden: .git, and
+    a working tree's other venvs such as `make vllm`'s .venv-vllm, gigabytes a wheel never reads)."""
+    shutil.copytree(ROOT, dest, ignore=lambda d, names: [n for n in names if n in SKIP or n.startswith(".") or n.endswith(".egg-info")])
     return dest
 
 
