@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import queue
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,36 +56,71 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hand-plain", action="store_true",
                         help="the hand-started runtime decodes the target alone: the runtime's plain decoding, the baseline "
                              "governed auto must reach where the runtime's speculation does not pay")
+    parser.add_argument("--keep-alive", action="store_true",
+                        help="each client keeps its connection across its requests (as the OpenAI SDK does); default: a new one per request")
     parser.add_argument("--out")
 
 
-def ask(url: str, prompt: str, args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """One streamed greedy chat request: time to first content, tokens (usage where sent, else content events)."""
+def ask(url: str, prompt: str, args: argparse.Namespace, model: str, kept: "queue.Queue[Any] | None" = None) -> dict[str, Any]:
+    """One streamed greedy chat request: time to first content, tokens (usage where sent, else content events), and
+    where its first token's wait went (`phases`, from httpx's trace of the request): `client_s` from the start to the
+    request's first byte sent (the client's own set-up and, on a new connection, the TCP connect), `server_s` from the
+    request sent to the answer's headers (the server's accept, parse and handler, and the runtime's start of the
+    answer), `first_s` from the headers to the first content. kept (--keep-alive): the turn's clients, one taken for
+    the request and given back after it, so that each of N clients keeps its connection across its requests as the
+    OpenAI SDK does; else a new client and connection per request."""
     import httpx
 
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": args.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
+    marks: dict[str, float] = {}
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        marks.setdefault(event, time.perf_counter())
+
     start, first, events, usage = time.perf_counter(), None, 0, None
-    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/chat/completions", json=body) as answer:
-        answer.raise_for_status()
-        for line in answer.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
-                events += 1
-                first = first or time.perf_counter()
-    return {"ttft_s": (first or time.perf_counter()) - start, "tokens": int(usage["completion_tokens"]) if usage else events}
+    client = kept.get() if kept is not None else httpx.Client(timeout=600)
+    try:
+        with client.stream("POST", url + "/v1/chat/completions", json=body, extensions={"trace": trace}) as answer:
+            answer.raise_for_status()
+            for line in answer.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+                    events += 1
+                    first = first or time.perf_counter()
+    finally:
+        if kept is not None:
+            kept.put(client)
+        else:
+            client.close()
+    first = first or time.perf_counter()
+    sent = marks.get("http11.send_request_body.complete", start)
+    headers = marks.get("http11.receive_response_headers.complete", sent)
+    return {"ttft_s": first - start, "tokens": int(usage["completion_tokens"]) if usage else events,
+            "phases": {"client_s": round(sent - start, 4), "server_s": round(headers - sent, 4), "first_s": round(first - headers, 4),
+                       "new_connection": "connection.connect_tcp.started" in marks}}
 
 
 def turn(url: str, prompts: list[str], clients: int, args: argparse.Namespace, model: str) -> dict[str, Any]:
     """N clients at once, each sending every prompt: tokens/s over the turn's wall time, and each TTFT."""
+    import httpx
+
+    kept: queue.Queue[Any] | None = None
+    if args.keep_alive:
+        kept = queue.Queue()
+        for _ in range(clients):
+            kept.put(httpx.Client(timeout=600))
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        done = list(pool.map(lambda job: ask(url, job, args, model), [p for _ in range(clients) for p in prompts]))
+        done = list(pool.map(lambda job: ask(url, job, args, model, kept), [p for _ in range(clients) for p in prompts]))
     wall = time.perf_counter() - start
-    return {"tokens": sum(d["tokens"] for d in done), "wall_s": wall, "ttft_s": [d["ttft_s"] for d in done]}
+    while kept is not None and not kept.empty():
+        kept.get().close()
+    return {"tokens": sum(d["tokens"] for d in done), "wall_s": wall, "ttft_s": [d["ttft_s"] for d in done],
+            "phases": [d["phases"] for d in done]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -97,11 +133,13 @@ def cpu_seconds(pid: int) -> float:
 def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespace, model: str, front_pid: int) -> dict[str, Any]:
     """Per client count: A B B A turns per round; tokens/s and TTFT p99 of each, and governed / hand ratios, and
     the front door's CPU per streamed token over the governed turns (what it takes from the runtime's cores).
-    Each turn's slowest first token (`slowest_ttft_s`: seconds, and the request's place in the turn's order, where
-    the first N went out at once) says whether a TTFT p99 is one stall or every turn's."""
+    Each turn's slowest first token (`slowest_ttft_s`: seconds, the request's place in the turn's order, where
+    the first N went out at once, and where its wait went: ask's phases) says whether a TTFT p99 is one stall or every turn's;
+    `requests_waiting_over_1s` counts, per phase, the requests that waited there more than a second."""
     out: dict[str, Any] = {}
     for clients in [int(c) for c in args.clients.split(",")]:
-        totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": [], "turns": [], "slowest": [], "cpu_s": 0.0} for name in servers}
+        totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": [], "turns": [], "slowest": [], "cpu_s": 0.0,
+                          "over_1s": {"client_s": 0, "server_s": 0, "first_s": 0}} for name in servers}
         for _ in range(args.warmup):  # a runtime's first requests (page faults of the weights, buffers) are not its speed
             for name in servers:
                 turn(servers[name], prompts, clients, args, model)
@@ -115,9 +153,12 @@ def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespac
                 totals[name]["ttft_s"] += got["ttft_s"]
                 totals[name]["turns"].append(round(got["tokens"] / got["wall_s"], 2))
                 slow = max(range(len(got["ttft_s"])), key=got["ttft_s"].__getitem__)  # which request: the first wave or later
-                totals[name]["slowest"].append([round(got["ttft_s"][slow], 3), slow])
+                totals[name]["slowest"].append([round(got["ttft_s"][slow], 3), slow, got["phases"][slow]])
+                for phases in got["phases"]:
+                    for phase in totals[name]["over_1s"]:
+                        totals[name]["over_1s"][phase] += phases[phase] > 1.0
         row = {name: {"tokens_per_second": t["tokens"] / t["wall_s"], "ttft_p99_s": percentile(t["ttft_s"], 0.99), "turns": t["turns"],
-                      "slowest_ttft_s": t["slowest"]}
+                      "slowest_ttft_s": t["slowest"], "requests_waiting_over_1s": t["over_1s"]}
                for name, t in totals.items()}
         row["tps_ratio"] = row["governed"]["tokens_per_second"] / row["hand"]["tokens_per_second"]
         row["ttft_p99_ratio"] = row["governed"]["ttft_p99_s"] / row["hand"]["ttft_p99_s"]
@@ -165,6 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             governed.stop()
     return {"runtime": args.runtime, "ref": args.ref, "translation": launch.shown(), "governed_guard": guard, "clients": results,
             "max_tokens": args.max_tokens, "prompts": len(prompts), "rounds": args.rounds, "warmup": args.warmup,
+            "keep_alive": args.keep_alive,
             "load_average_at_start": [float(x) for x in load_at_start], "machine": machine()}
 
 
