@@ -64,7 +64,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 def ask(url: str, prompt: str, args: argparse.Namespace, model: str, kept: "queue.Queue[Any] | None" = None) -> dict[str, Any]:
     """One streamed greedy chat request: time to first content, tokens (usage where sent, else content events), and
     where its first token's wait went (`phases`, from httpx's trace of the request): `client_s` from the start to the
-    request's first byte sent (the client's own set-up and, on a new connection, the TCP connect), `server_s` from the
+    request sent (`setup_s` the client's own set-up, `connect_s` the TCP connect of a new connection, `send_s` the
+    request written; `client_cpu_s` the thread's CPU over them, the rest a wait for the GIL or a core), `server_s` from the
     request sent to the answer's headers (the server's accept, parse and handler, and the runtime's start of the
     answer), `first_s` from the headers to the first content. kept (--keep-alive): the turn's clients, one taken for
     the request and given back after it, so that each of N clients keeps its connection across its requests as the
@@ -74,11 +75,15 @@ def ask(url: str, prompt: str, args: argparse.Namespace, model: str, kept: "queu
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": args.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     marks: dict[str, float] = {}
+    start, cpu_start, first, events, usage = time.perf_counter(), time.thread_time(), None, 0, None
+    client_cpu = 0.0  # this thread's CPU from the start to the request sent: the rest of client_s it waited (GIL, run queue)
 
     def trace(event: str, info: dict[str, Any]) -> None:
+        nonlocal client_cpu
         marks.setdefault(event, time.perf_counter())
+        if event == "http11.send_request_body.complete":
+            client_cpu = time.thread_time() - cpu_start
 
-    start, first, events, usage = time.perf_counter(), None, 0, None
     client = kept.get() if kept is not None else httpx.Client(timeout=600)
     try:
         with client.stream("POST", url + "/v1/chat/completions", json=body, extensions={"trace": trace}) as answer:
@@ -99,9 +104,14 @@ def ask(url: str, prompt: str, args: argparse.Namespace, model: str, kept: "queu
     first = first or time.perf_counter()
     sent = marks.get("http11.send_request_body.complete", start)
     headers = marks.get("http11.receive_response_headers.complete", sent)
+    connect = marks.get("connection.connect_tcp.started", marks.get("http11.send_request_headers.started", sent))
+    connected = marks.get("connection.connect_tcp.complete", connect)
     return {"ttft_s": first - start, "tokens": int(usage["completion_tokens"]) if usage else events,
             "phases": {"client_s": round(sent - start, 4), "server_s": round(headers - sent, 4), "first_s": round(first - headers, 4),
-                       "new_connection": "connection.connect_tcp.started" in marks}}
+                       "new_connection": "connection.connect_tcp.started" in marks,
+                       # client_s in three: before the connect (the client's own set-up), the TCP connect, the request's send
+                       "setup_s": round(connect - start, 4), "connect_s": round(connected - connect, 4), "send_s": round(sent - connected, 4),
+                       "client_cpu_s": round(client_cpu, 4)}}
 
 
 def turn(url: str, prompts: list[str], clients: int, args: argparse.Namespace, model: str) -> dict[str, Any]:
