@@ -14,7 +14,7 @@ from runner.checks import gguf_model
 from runner.checks.context_window import gguf_window
 from runner.checks.memory import check_memory
 from runner.decoding.settings import DecodingSettings, cache_tokens, thread_count
-from runner.engines import llamacpp
+from runner.engines import llamacpp, llamacpp_files
 from runner.models import chat_template
 from runner.pair import LoadedPair, context_tokens
 
@@ -27,7 +27,7 @@ class GGUFTokenizer:
     """The target file's own llama.cpp tokenizer (vocabulary only), with the calls run.py's text stream uses."""
 
     def __init__(self, path: Path, metadata: Mapping) -> None:
-        self.llm = llamacpp.open_llama(path, vocab_only=True)
+        self.llm = llamacpp_files.open_llama(path, vocab_only=True)
         self.metadata = metadata
         self.eos_token_id = metadata.get("tokenizer.ggml.eos_token_id")
         self.special = {i for i, t in enumerate(metadata.get("tokenizer.ggml.token_type") or []) if t == 3}
@@ -87,6 +87,6 @@ def load_gguf_pair(dirs: Mapping[str, Path], params: Mapping, *, context, draft_
         pairing=checked["pairing"], memory=memory, context_tokens=n_ctx, context_window=window, load_s=time.perf_counter() - load_start,
         engine="llama.cpp", extra={"forward": {"target": "llama.cpp", "draft": "llama.cpp" if draft is not None else None},
                                    # run --json's: the file type as the header has it (a number)
-                                   "engine_fields": {"engine": "llama.cpp", "engine_version": llamacpp.version(),
+                                   "engine_fields": {"engine": "llama.cpp", "engine_version": llamacpp_files.version(),
                                                      "threads": threads, "device": "cpu", "dtype": file_type}},
     )

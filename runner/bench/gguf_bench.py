@@ -26,7 +26,7 @@ import torch
 from runner.checks import gguf_model
 from runner.checks.context_window import PromptContext
 from runner.bench.runs import Run, by_category, chosen_method, interleaved_rounds, pooled, speculation_figures, timed
-from runner.engines import llamacpp
+from runner.engines import llamacpp, llamacpp_files
 from runner.gguf_run import load_gguf_pair
 from runner.bench.machine import machine_info
 from runner.decoding.run_history import with_history
@@ -177,7 +177,7 @@ def bench_gguf(
     threads, n_ctx = target.threads, pair.context_tokens
 
     # llama-cpp-python's own: the same file, threads and batch sizes, its own context
-    theirs = llamacpp.open_llama(gguf_model.gguf_files(dirs["target"])[0], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
+    theirs = llamacpp_files.open_llama(gguf_model.gguf_files(dirs["target"])[0], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
                                  n_threads=threads, n_threads_batch=threads, logits_all=False)
 
     methods = _methods(target, draft, theirs, settings, eos, max_new_tokens, k, history, pair.prior)

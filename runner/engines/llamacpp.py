@@ -10,8 +10,7 @@ its loaded model, one sequence id per generation (SharedContext); both fill llam
 
 from __future__ import annotations
 
-__all__ = ["LlamaCppEngine", "LogitsBuffer", "N_BATCH", "Pieces", "SharedContext", "fill_batch", "load", "open_llama", "version",
-           "vocab_tokenize"]
+__all__ = ["LlamaCppEngine", "LogitsBuffer", "N_BATCH", "Pieces", "SharedContext", "fill_batch", "load"]
 
 import ctypes
 import os
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from runner.engines.cells import BATCH_TOKENS, Row, SequenceCells
-from runner.engines.llamacpp_files import open_llama, version, vocab_tokenize
+from runner.engines.llamacpp_files import open_llama
 
 N_BATCH = BATCH_TOKENS  # tokens per llama_decode call (a longer prompt is prefilled in chunks)
 
