@@ -204,10 +204,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         governed_port = free_port()
         # Governed first, alone: its start-up guard (--runtime-speculation auto) probes with no other runtime loaded,
         # and may start the runtime three times (vLLM: minutes each) before /health answers 200.
-        governed = Process(bundle_serve_argv(args, governed_port, extra), governed_port, timeout_s=GOVERNED_START_S)
+        # Each server in a session of its own, the clients in the benchmark's: where the kernel shares CPU out by
+        # session (autogroup), the governed service (front door and runtime) and the hand-started runtime each get
+        # one share, and the clients theirs, in both kinds of turn (docs/benchmarks.md, "Where the slow first
+        # tokens waited").
+        governed = Process(bundle_serve_argv(args, governed_port, extra), governed_port, timeout_s=GOVERNED_START_S, own_session=True)
         try:
             guard = httpx.get(governed.url + "/status.json", timeout=10).json()["runtime"].get("guard")
-            hand = Process(launch.argv, port, env=env, ready_path=launch.ready_path)
+            hand = Process(launch.argv, port, env=env, ready_path=launch.ready_path, own_session=True)
             try:
                 results = measure({"governed": governed.url, "hand": hand.url}, prompts, args, args.ref, governed.proc.pid)
             finally:

@@ -134,14 +134,17 @@ class Process:
     name its requests give (vLLM answers only the name it serves)."""
 
     def __init__(self, argv: list[str], port: int, env: dict[str, str | None] | None = None, ready_path: str = "/health",
-                 timeout_s: float = 300.0, model: str = "m") -> None:
+                 timeout_s: float = 300.0, model: str = "m", own_session: bool = False) -> None:
         self.url, self.model = f"http://127.0.0.1:{port}", model
         # The log goes to a file, never an unread pipe: a server that logs every request (llama-server, or
         # `serve --runtime`, which passes its runtime's log on) would block on a full pipe and stall mid-benchmark.
         self.log = tempfile.TemporaryFile(mode="w+")
         merged = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        # own_session: the server in a session of its own, as a service manager starts one; where the kernel groups
+        # CPU time by session (autogroup, no cgroup per service), a server in the benchmark's session shares one
+        # share with the benchmark's clients.
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
-                                     env={k: v for k, v in merged.items() if v is not None})
+                                     env={k: v for k, v in merged.items() if v is not None}, start_new_session=own_session)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -36,8 +36,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the thread that started it ends (Linux; elsewhere nothing)."""
+def _before_exec() -> None:
+    """In the child before exec: a process group of its own, led by it, so that `stop` reaches its workers too
+    (killpg), in serve's session, not a new one: where the kernel groups CPU time by session (autogroup, a host
+    whose processes sit in no cgroup of their own) a runtime in a session of its own weighed as much as every
+    other process of serve's session together, the front door and, in a benchmark, the clients (docs/benchmarks.md,
+    "Where the slow first tokens waited"); one service, one share, as a pod's cgroup holds both. A terminal's
+    Ctrl-C still reaches serve alone (the runtime is not in the foreground group), which drains and stops it.
+    Then SIGKILL when the thread that started it ends (Linux; elsewhere nothing)."""
+    os.setpgid(0, 0)
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
@@ -64,7 +71,7 @@ class Child:
         env = {**os.environ, **self.env, "HOME": os.environ.get("HOME", str(self.workdir))}
         try:
             self.proc = subprocess.Popen(self.argv, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, preexec_fn=_die_with_parent, start_new_session=True)
+                                         stderr=subprocess.PIPE, preexec_fn=_before_exec)
         except OSError as err:
             raise BundleError("runtime-failed", f"--runtime {self.name}: cannot start {self.argv[0]} ({err.strerror})") from None
         for stream in (self.proc.stdout, self.proc.stderr):
