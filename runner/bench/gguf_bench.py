@@ -177,8 +177,8 @@ def bench_gguf(
     threads, n_ctx = target.threads, pair.context_tokens
 
     # llama-cpp-python's own: the same file, threads and batch sizes, its own context
-    theirs = llamacpp_files.open_llama(gguf_model.gguf_files(dirs["target"])[0], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH, n_ubatch=llamacpp.N_BATCH,
-                                 n_threads=threads, n_threads_batch=threads, logits_all=False)
+    theirs = llamacpp_files.open_llama(gguf_model.gguf_files(dirs["target"])[0], n_ctx=n_ctx, n_batch=llamacpp.N_BATCH,
+                                       n_ubatch=llamacpp.N_BATCH, n_threads=threads, n_threads_batch=threads, logits_all=False)
 
     methods = _methods(target, draft, theirs, settings, eos, max_new_tokens, k, history, pair.prior)
     say("warming up")

@@ -105,7 +105,6 @@ class _Header:
             return [self.string() for _ in range(count)]
         raise ValueError(f"unknown metadata value type {kind}")
 
-
     def _step_over_strings(self, count: int) -> None:
         """Past `count` strings without building them. Each length read touches the mapped page it is on, and a
         touched page counts in the process's resident memory while it stays mapped: a hostile 48 MiB array of
