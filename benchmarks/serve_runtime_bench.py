@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import queue
 import sys
 import time
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from serving.common import (GGUF_REF, TORCH_REF, Process, add_bundle_options, bundle_serve_argv, emit, free_port,  # noqa: E402
-                            machine, percentile, proc_cpu, read_prompt_set, stop_servers_on_sigterm, trusted_keys)
+                            machine, percentile, proc_cpu, read_prompt_set, stop_servers_on_sigterm, stream, trusted_keys)
 
 GOVERNED_START_S = 3600.0  # the start-up guard's probes: up to three starts of the runtime before it serves
 
@@ -58,24 +57,23 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "governed auto must reach where the runtime's speculation does not pay")
     parser.add_argument("--keep-alive", action="store_true",
                         help="each client keeps its connection across its requests (as the OpenAI SDK does); default: a new one per request")
+    parser.add_argument("--pause-idle", action="store_true",
+                        help="the server not being measured is stopped (SIGSTOP, its whole session) for the other's turn: an idle "
+                             "vLLM CPU worker keeps a core busy and takes it from the measured one")
     parser.add_argument("--out")
 
 
 def ask(url: str, prompt: str, args: argparse.Namespace, model: str, kept: "queue.Queue[Any] | None" = None) -> dict[str, Any]:
-    """One streamed greedy chat request: time to first content, tokens (usage where sent, else content events), and
-    where its first token's wait went (`phases`, from httpx's trace of the request): `client_s` from the start to the
-    request sent (`setup_s` the client's own set-up, `connect_s` the TCP connect of a new connection, `send_s` the
-    request written; `client_cpu_s` the thread's CPU over them, the rest a wait for the GIL or a core), `server_s` from the
+    """One streamed greedy chat request (serving.common.stream): time to first content, tokens, and where its first
+    token's wait went (`phases`, from httpx's trace of the request): `client_s` from the start to the request sent
+    (`setup_s` the client's own set-up, `connect_s` the TCP connect of a new connection, `send_s` the request
+    written; `client_cpu_s` the thread's CPU over them, the rest a wait for the GIL or a core), `server_s` from the
     request sent to the answer's headers (the server's accept, parse and handler, and the runtime's start of the
     answer), `first_s` from the headers to the first content. kept (--keep-alive): the turn's clients, one taken for
     the request and given back after it, so that each of N clients keeps its connection across its requests as the
     OpenAI SDK does; else a new client and connection per request."""
-    import httpx
-
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": args.max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
     marks: dict[str, float] = {}
-    start, cpu_start, first, events, usage = time.perf_counter(), time.thread_time(), None, 0, None
+    start, cpu_start = time.perf_counter(), time.thread_time()
     client_cpu = 0.0  # this thread's CPU from the start to the request sent: the rest of client_s it waited (GIL, run queue)
 
     def trace(event: str, info: dict[str, Any]) -> None:
@@ -84,29 +82,18 @@ def ask(url: str, prompt: str, args: argparse.Namespace, model: str, kept: "queu
         if event == "http11.send_request_body.complete":
             client_cpu = time.thread_time() - cpu_start
 
-    client = kept.get() if kept is not None else httpx.Client(timeout=600)
+    client = kept.get() if kept is not None else None
     try:
-        with client.stream("POST", url + "/v1/chat/completions", json=body, extensions={"trace": trace}) as answer:
-            answer.raise_for_status()
-            for line in answer.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage") or usage
-                if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
-                    events += 1
-                    first = first or time.perf_counter()
+        got = stream(url, prompt, args.max_tokens, model, client=client, trace=trace)
     finally:
-        if kept is not None:
+        if client is not None and kept is not None:
             kept.put(client)
-        else:
-            client.close()
-    first = first or time.perf_counter()
+    first = got["first_at"]
     sent = marks.get("http11.send_request_body.complete", start)
     headers = marks.get("http11.receive_response_headers.complete", sent)
     connect = marks.get("connection.connect_tcp.started", marks.get("http11.send_request_headers.started", sent))
     connected = marks.get("connection.connect_tcp.complete", connect)
-    return {"ttft_s": first - start, "tokens": int(usage["completion_tokens"]) if usage else events,
+    return {"ttft_s": first - start, "tokens": got["tokens"],
             "phases": {"client_s": round(sent - start, 4), "server_s": round(headers - sent, 4), "first_s": round(first - headers, 4),
                        "new_connection": "connection.connect_tcp.started" in marks,
                        # client_s in three: before the connect (the client's own set-up), the TCP connect, the request's send
@@ -140,23 +127,33 @@ def cpu_seconds(pid: int) -> float:
     return proc_cpu(f"/proc/{pid}/stat")[1]
 
 
-def measure(servers: dict[str, str], prompts: list[str], args: argparse.Namespace, model: str, front_pid: int) -> dict[str, Any]:
+def measure(servers: dict[str, Process], prompts: list[str], args: argparse.Namespace, model: str, front_pid: int) -> dict[str, Any]:
     """Per client count: A B B A turns per round; tokens/s and TTFT p99 of each, and governed / hand ratios, and
     the front door's CPU per streamed token over the governed turns (what it takes from the runtime's cores).
     Each turn's slowest first token (`slowest_ttft_s`: seconds, the request's place in the turn's order, where
     the first N went out at once, and where its wait went: ask's phases) says whether a TTFT p99 is one stall or every turn's;
-    `requests_waiting_over_1s` counts, per phase, the requests that waited there more than a second."""
+    `requests_waiting_over_1s` counts, per phase, the requests that waited there more than a second. --pause-idle:
+    only the server of the turn runs (the other is stopped until its own turn)."""
+
+    def one(name: str) -> dict[str, Any]:
+        if args.pause_idle:
+            for other, proc in servers.items():
+                if other != name:
+                    proc.pause()
+            servers[name].resume()
+        return turn(servers[name].url, prompts, clients, args, model)
+
     out: dict[str, Any] = {}
     for clients in [int(c) for c in args.clients.split(",")]:
         totals = {name: {"tokens": 0, "wall_s": 0.0, "ttft_s": [], "turns": [], "slowest": [], "cpu_s": 0.0,
                           "over_1s": {"client_s": 0, "server_s": 0, "first_s": 0}} for name in servers}
         for _ in range(args.warmup):  # a runtime's first requests (page faults of the weights, buffers) are not its speed
             for name in servers:
-                turn(servers[name], prompts, clients, args, model)
+                one(name)
         for _ in range(args.rounds):
             for name in ("governed", "hand", "hand", "governed"):
                 cpu_before = cpu_seconds(front_pid)
-                got = turn(servers[name], prompts, clients, args, model)
+                got = one(name)
                 totals[name]["cpu_s"] += cpu_seconds(front_pid) - cpu_before
                 totals[name]["tokens"] += got["tokens"]
                 totals[name]["wall_s"] += got["wall_s"]
@@ -213,14 +210,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             guard = httpx.get(governed.url + "/status.json", timeout=10).json()["runtime"].get("guard")
             hand = Process(launch.argv, port, env=env, ready_path=launch.ready_path, own_session=True)
             try:
-                results = measure({"governed": governed.url, "hand": hand.url}, prompts, args, args.ref, governed.proc.pid)
+                results = measure({"governed": governed, "hand": hand}, prompts, args, args.ref, governed.proc.pid)
             finally:
                 hand.stop()
         finally:
             governed.stop()
     return {"runtime": args.runtime, "ref": args.ref, "translation": launch.shown(), "governed_guard": guard, "clients": results,
             "max_tokens": args.max_tokens, "prompts": len(prompts), "rounds": args.rounds, "warmup": args.warmup,
-            "keep_alive": args.keep_alive,
+            "keep_alive": args.keep_alive, "pause_idle": args.pause_idle,
             "load_average_at_start": [float(x) for x in load_at_start], "machine": machine()}
 
 

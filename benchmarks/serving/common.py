@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,19 @@ def stop_servers_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def session_pids(sid: int) -> list[int]:
+    """The processes of one session (the sixth field of /proc/PID/stat, after the name in parentheses)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[3]) == sid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 class Process:
     """A server process on 127.0.0.1, up once `ready_path` answers 200 (within `timeout_s`); stopped by its pid
     with SIGTERM. `env` goes on top of this process's environment (a None value removes the name); `model` is the
@@ -159,8 +172,27 @@ class Process:
         self.stop()
         raise RuntimeError(f"{argv[0]} did not come up within {timeout_s:.0f} s")
 
+    def pause(self) -> None:
+        """Every process of the server's session stopped (SIGSTOP): between its turns a server takes no CPU from the
+        one being measured (an idle vLLM CPU worker kept a core 50-90% busy: benchmarks/serve_runtime_bench.py)."""
+        self._signal_session(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_session(signal.SIGCONT)
+
+    def _signal_session(self, sig: int) -> None:
+        if self.proc.poll() is not None:
+            return
+        if os.getsid(self.proc.pid) != self.proc.pid:
+            raise RuntimeError("pause/resume: the server must lead a session of its own (own_session=True)")
+        for pid in session_pids(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
+            with contextlib.suppress(RuntimeError):
+                self.resume()  # a stopped process would hold the SIGTERM until it runs again
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(60)
@@ -169,31 +201,43 @@ class Process:
                 self.proc.wait(10)
 
 
-def stream(url: str, prompt: str, max_tokens: int, model: str = "m") -> dict:
+def stream(url: str, prompt: str, max_tokens: int, model: str = "m", client: httpx.Client | None = None,
+           trace: Callable[[str, dict[str, Any]], None] | None = None) -> dict:
     """One streamed greedy chat completion (each server applies the model's chat template: the demo's instruct
     model answers a raw question with its end token at once): time to first text, the gaps between pieces of
-    text per token, tokens in all, and the client's rate (tokens after the first over first to last piece)."""
+    text per token, tokens in all, and the client's rate (tokens after the first over first to last piece).
+    client: one the caller keeps across its requests (its connection kept alive); else a new one per request.
+    trace: httpx's trace callback for the request's phases (benchmarks/serve_runtime_bench.py); `first_at` is the
+    first text's perf_counter, on the clock such a trace reads."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "model": model}
     start = time.perf_counter()
     pieces: list[float] = []
     usage = None
-    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
-                pieces.append(time.perf_counter())
+    own = client is None
+    client = httpx.Client(timeout=600) if client is None else client
+    try:
+        with client.stream("POST", url + "/v1/chat/completions", json=body,
+                           extensions={"trace": trace} if trace is not None else None) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+                    pieces.append(time.perf_counter())
+    finally:
+        if own:
+            client.close()
     tokens = int(usage["completion_tokens"]) if usage else len(pieces)
     gaps = [b - a for a, b in zip(pieces, pieces[1:])]
     # a piece may hold several tokens (accepted drafts, text held back at a stop string's start)
     per_token = (tokens - 1) / len(gaps) if gaps else 1.0
     span = pieces[-1] - pieces[0] if len(pieces) > 1 else 0.0
-    return {"ttft_s": (pieces[0] if pieces else time.perf_counter()) - start, "tokens": tokens,
+    first_at = pieces[0] if pieces else time.perf_counter()
+    return {"ttft_s": first_at - start, "first_at": first_at, "tokens": tokens,
             "itl_s": [g / per_token for g in gaps], "client_tps": (tokens - 1) / span if span > 0 else None}
 
 
