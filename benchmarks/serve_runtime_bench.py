@@ -86,7 +86,7 @@ def ask(url: str, prompt: str, args: argparse.Namespace, model: str, kept: "queu
     try:
         got = stream(url, prompt, args.max_tokens, model, client=client, trace=trace)
     finally:
-        if client is not None and kept is not None:
+        if kept is not None:
             kept.put(client)
     first = got["first_at"]
     sent = marks.get("http11.send_request_body.complete", start)
