@@ -43,8 +43,8 @@ jsdeps:
 # waiting burn the time the other worker needs (measured: 2:21 -> 1:59 on four torch-heavy test files).
 # Bytecode written, and compiled once first: the suite starts some 1,200 Python processes, and where the
 # environment sets PYTHONDONTWRITEBYTECODE (these VMs do) each of them compiled the project's modules from source
-# again (fresh-clone `make test` on a 2-core AVX2 EPYC: pytest 18:23 -> 15:57, 20:55 -> 18:12 in all; __pycache__
-# is git-ignored).
+# again (fresh-clone `make test` on a 2-core AVX2 EPYC: pytest 15:57, 18:12 in all; before, 18:23 and 20:55 at the
+# last fresh clone, 17:57 in this VM's working tree; __pycache__ is git-ignored).
 test: $(STAMP) sysdeps jsdeps
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 2 bundler runner core schemas tests
 	env -u PYTHONDONTWRITEBYTECODE OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n 2 --dist loadfile
