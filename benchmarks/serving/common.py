@@ -99,12 +99,18 @@ def checked_bundle(ref: str, store: str, key: str, footprint: dict[str, Any]) ->
         raise SystemExit(err.line()) from None
 
 
+def proc_stat(stat_path: str | Path) -> tuple[str, list[str]]:
+    """A /proc stat file's name (in parentheses: it may hold spaces and parentheses) and the fields after it, from
+    the state (field 3) on."""
+    stat = Path(stat_path).read_text()
+    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
 def proc_cpu(stat_path: str) -> tuple[str, float]:
     """A /proc stat file's (a process's, or one thread's under task/) name and CPU seconds so far, user +
     system (fields 14 and 15; a process's own, its children not counted)."""
-    stat = Path(stat_path).read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return stat[stat.index("(") + 1 : stat.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    name, fields = proc_stat(stat_path)
+    return name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -129,11 +135,11 @@ def stop_servers_on_sigterm() -> None:
 
 
 def session_pids(sid: int) -> list[int]:
-    """The processes of one session (the sixth field of /proc/PID/stat, after the name in parentheses)."""
+    """The processes of one session (field 6 of /proc/PID/stat)."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rpartition(")")[2].split()
+            _name, fields = proc_stat(stat)
         except OSError:  # ended meanwhile
             continue
         if int(fields[3]) == sid:
