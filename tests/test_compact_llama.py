@@ -213,6 +213,41 @@ def test_a_model_loaded_without_transformers_gives_its_bfloat16_logits_bit_for_b
         assert a.dtype == torch.bfloat16 and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_float32_weights_laid_out_transposed_give_transformers_logits_alone_and_in_a_batch(tmp_path: Path, arch: str,
+                                                                                          monkeypatch) -> None:
+    """float32 where the transposed layout pays (runner.models.packed; forced here, on a model below its size
+    floor): each projection held as its transpose, q/k/v and gate/up fused, the head too; the logits of
+    transformers' model from the same files (within float32's rounding: F.linear's own bits move with the row
+    count), one sequence and a batched pass of three (runner.models.row_plan) alike."""
+    from runner.models import packed
+    from runner.models.loading import load_models
+    from tests.tinymodels import tiny_model
+
+    monkeypatch.setattr(packed, "transposed_pays", lambda dtype, threads: dtype == torch.float32)
+    monkeypatch.setattr(packed, "SMALL_BYTES", 0)
+    files = _files(tmp_path, tiny_model(arch, V, seed=4, hidden=64, layers=2, heads=4, kv_heads=2, init_std=0.2))
+    (ours,), (theirs,) = load_models([files], "float32", "cpu", compact=True), load_models([files], "float32", "cpu")
+    layer = ours.weights.layers[1]
+    assert ours.weights.transposed and not hasattr(layer, "q") and not layer.qkv.is_mkldnn
+    for laid in (layer.qkv, layer.gate_up, layer.o, layer.down, ours.head):  # (out, in), its transpose contiguous
+        assert laid.t().is_contiguous() and not laid.is_contiguous()
+    assert (layer.qkv_bias is not None) == (arch == "qwen2")
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    g = torch.Generator().manual_seed(1)
+    chunks = [torch.randint(3, V, (9,), generator=g), *torch.randint(3, V, (6,), generator=g).split(1), torch.randint(3, V, (4,), generator=g)]
+    reference = CompactLlama(theirs)
+    for a, b in zip(_steps(ours, ours.new_cache(), chunks), _steps(reference, reference.new_cache(), chunks)):
+        assert torch.allclose(a, b, atol=1e-5)
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 8, 3)]
+    with torch.inference_mode():
+        cache = ours.new_batched_cache(3, 32)
+        batched = ours.forward_rows(cache, [(i, 0, p) for i, p in enumerate(prompts)], [4, 12, 15])
+        for i, prompt in enumerate(prompts):
+            alone = reference(input_ids=torch.tensor([prompt]), cache=reference.new_cache(), logits_to_keep=1).logits[0, -1]
+            assert torch.allclose(batched[i], alone, atol=1e-5)
+
+
 def test_a_checkpoint_that_is_not_exactly_the_configs_goes_to_transformers_and_its_checks(tmp_path: Path) -> None:
     """An extra tensor: not built compact; transformers' build refuses it as before (exit 6)."""
     from safetensors.torch import load_file, save_file

@@ -215,9 +215,9 @@ def _packed_head(weights: SimpleNamespace, head: torch.Tensor, ids: list[int] | 
     """The head in the layout of packed weights (runner.models.packed): the whole vocabulary's packed once per
     weights, shared by the models that score it all; a subset's per model."""
     if ids is not None:
-        return packed.packed(head)
+        return packed.head(weights, head)
     if getattr(weights, "packed_head", None) is None:
-        weights.packed_head = packed.packed(head)
+        weights.packed_head = packed.head(weights, head)
     return weights.packed_head
 
 
