@@ -24,7 +24,8 @@ from typing import Any
 from core.errors import BundleError
 from runner.models.lean_tokenizer import load_tokenizer
 from runner.models.loading import ModelFiles, check_weight_files, load_models, torch_import_bytes
-from runner.checks.modelinfo import FileRange, Ranges, count_parameters, estimate_memory, read_config, read_raw_config, validate_config
+from runner.checks.modelinfo import (FileRange, Ranges, count_parameters, estimate_memory, read_config, read_raw_config, safetensors_files,
+                                     validate_config)
 from runner.checks.context_window import PromptContext, model_window
 from runner.pair import LoadedPair, TextStream, context_tokens, gguf_dirs
 from runner.checks.memory import check_memory
@@ -193,6 +194,25 @@ def _load_runtime_pair(checked: Mapping, roles: Mapping[str, str], params: Mappi
     return target, draft
 
 
+def compute_dtype(dtype: str, device: str, dirs: Mapping[str, Path], params: Mapping, ranges: Ranges | None = None) -> str:
+    """The dtype a bundle's weights are computed in when the user names none: the bundle's, except bf16 on a CPU
+    whose bf16 products are measured slower than float32's (runner.models.packed.float32_pays: no native bf16),
+    where the weights are widened to float32 at load (the run record's dtype says so). Only for a pair whose
+    weights are beyond the caches (a tiny one gains nothing and skips the probe); `--dtype bfloat16` keeps bf16,
+    and so does `--reproducible` (its invariance was measured in bf16). The memory check that follows counts the
+    float32 weights: where they do not fit, it refuses as for any --dtype (name bf16 then)."""
+    if dtype != "bfloat16" or device != "cpu":
+        return dtype
+    from runner.models import packed
+
+    models = [dirs[role] for role in ("target", "draft") if dirs.get(role)]
+    if sum(r.length for d in models for r in safetensors_files(d, ranges).values()) < packed.SMALL_BYTES:
+        return dtype
+    threads = thread_count(params)
+    sys.modules["torch"].set_num_threads(threads)  # the probe times the products as the run will run them
+    return "float32" if packed.float32_pays(threads) else dtype
+
+
 def load_pair(
     root: Path,
     roles: Mapping[str, str],
@@ -214,6 +234,7 @@ def load_pair(
     tokenizer giving them. Other arguments as in `run_unpacked`.
     """
     device = resolve_device(device)
+    named = dtype  # the user's --dtype: always what runs
     dtype = dtype or params.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     draft_tokens = draft_length(params, draft_tokens)
     model_roles(roles, params)  # a bundle without a draft runs only where it asks for draft-free speculation
@@ -231,6 +252,8 @@ def load_pair(
     window = model_window(dirs["target"])
     prompt_tokens, max_new_tokens = context_tokens(context, tokenizer, window)
     max_tokens = cache_tokens(prompt_tokens, max_new_tokens, draft_tokens, DecodingSettings.from_params(params).ngram_tokens)
+    if named is None and not reproducible:
+        dtype = compute_dtype(dtype, device, dirs, params, ranges)
     torch_later = "torch" not in sys.modules  # a CPU build imports it while the weights are read (resolve_device)
     memory = estimate_memory(dirs["target"], dirs.get("draft"), dtype, max_tokens, prompt_tokens=prompt_tokens,
                              draft_tokens=draft_tokens, ranges=ranges)

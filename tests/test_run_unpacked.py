@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from core.errors import BundleError
 from runner.models.loading import load_model
-from runner.run import run_unpacked
+from runner.run import generate, run_unpacked
 from runner.decoding.speculative import generate_plain
 from runner.checks.tokenizer_gate import fingerprint
 from tests.tinymodels import make_pair
@@ -112,3 +112,34 @@ def test_on_tokens_returning_true_stops_the_generation_after_that_batch(bundle):
     batches = []
     result = generate(pair, pair.prompt_ids("stop early"), max_new_tokens=16, on_tokens=lambda new: batches.append(new) or True)
     assert len(batches) == 1 and result["tokens"] == batches[0]
+
+
+@pytest.mark.parametrize("case, dtype, reproducible, probe, want", [
+    ("no bf16 products here", None, False, True, "float32"),
+    ("bf16 native here", None, False, False, "bfloat16"),
+    ("--dtype bfloat16", "bfloat16", False, True, "bfloat16"),
+    ("--reproducible", None, True, True, "bfloat16"),
+])
+def test_a_bf16_bundle_is_computed_in_float32_only_where_that_is_measured_faster_and_nobody_named_a_dtype(
+        bundle, monkeypatch, case, dtype, reproducible, probe, want):
+    """The bundle says bf16; where runner.models.packed's probe finds float32 products faster (a CPU without
+    native bf16; forced here, the tiny pair let past the size floor) and the user named no --dtype, the pair
+    runs in float32 and says so; --dtype and --reproducible keep the bundle's bf16."""
+    from runner.models import packed
+    from runner.run import load_pair
+
+    monkeypatch.setattr(packed, "SMALL_BYTES", 0)
+    monkeypatch.setattr(packed, "float32_pays", lambda threads: probe)
+    pair = load_pair(bundle["root"], ROLES, {"dtype": "bfloat16"}, context=(64, 8), dtype=dtype, reproducible=reproducible)
+    assert pair.dtype == pair.extra["engine_fields"]["dtype"] == want, case
+    assert {p.dtype for p in pair.target.parameters()} == {getattr(torch, want)}
+    assert generate(pair, pair.prompt_ids("hello"), max_new_tokens=4)["tokens"]
+
+
+def test_a_tiny_bf16_pair_skips_the_probe_and_stays_bf16(bundle, monkeypatch):
+    """Below the size floor no product is timed (the tests' pairs, a load that must stay quick)."""
+    from runner.models import packed
+    from runner.run import load_pair
+
+    monkeypatch.setattr(packed, "float32_pays", lambda threads: pytest.fail("probed a tiny pair"))
+    assert load_pair(bundle["root"], ROLES, {"dtype": "bfloat16"}, context=(64, 8)).dtype == "bfloat16"

@@ -27,7 +27,7 @@ logits within a tolerance. Chosen by measurement too, on weights larger than the
 
 from __future__ import annotations
 
-__all__ = ["gated_mlp", "linear", "pack", "packed", "pays", "qkv", "transposed", "transposed_pays"]
+__all__ = ["float32_pays", "gated_mlp", "linear", "pack", "packed", "pays", "qkv", "transposed", "transposed_pays"]
 
 import functools
 import time
@@ -122,6 +122,30 @@ def transposed_pays(dtype: torch.dtype, threads: int) -> bool:
         plain = _seconds(lambda: [F.linear(x, w) for w in stored], rounds=1)
         faster.append(_seconds(lambda: [F.linear(x, w) for w in laid], rounds=1) < 0.95 * plain)
     return all(faster)
+
+
+@functools.cache
+def float32_pays(threads: int) -> bool:
+    """Whether bf16 weights decode faster computed in float32 here: a CPU without native bf16 products (no
+    AVX-512 BF16, no AMX) converts every bf16 element it multiplies, so its bf16 products run at about a quarter
+    of float32's arithmetic (measured on an Intel Xeon with AVX-512 and no BF16, Ice Lake class: 60 against 236
+    GFLOP/s, and a step of 8 sequences 114 against 77 ms), while float32 reads twice the bytes. Measured once per
+    process: bf16 as it would run (packed where `pays`) against float32 as it would run (`transposed` where that
+    pays) at one row and at eight, on weights beyond the caches: float32 must be faster by a tenth at eight rows
+    (a batch) and at most 15% slower at one (where both stream the weights, and the two measured level here, 7-9
+    ms against 7-13 ms for 24 of the demo's MLP weights, noise deciding which). runner.run's
+    `load_pair` asks only for a bundle that names bf16 and a user who named no --dtype."""
+    if pays(torch.bfloat16, threads):  # exact packed bf16 products, faster than F.linear's: a bf16-native CPU
+        return False
+    bf16 = list(torch.full((24, 3072, 576), 0.01, dtype=torch.bfloat16))
+    f32 = list(torch.full((24, 576, 3072), 0.01).transpose(1, 2)) if transposed_pays(torch.float32, threads) \
+        else list(torch.full((24, 3072, 576), 0.01))
+    for rows, bound in ((1, 1.15), (8, 0.9)):
+        x = torch.full((1, rows, 576), 0.5)
+        bf16_s = _seconds(lambda: [F.linear(x.to(torch.bfloat16), w) for w in bf16], rounds=1)
+        if _seconds(lambda: [F.linear(x, w) for w in f32], rounds=1) >= bound * bf16_s:
+            return False
+    return True
 
 
 def _seconds(call, rounds: int = 30) -> float:
