@@ -84,7 +84,7 @@ def client_keys(api_key_file: str | None, metrics_key_file: str | None) -> tuple
 @click.option("--prompt-cache", callback=prompt_cache_option, help="Host memory for copies of finished requests' cache cells, which a request with the same start gets back (where requests decode in a batch): 2GiB, 0 for none (default: half the memory left, at most 8GiB).")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step (default: the bundle's).")
 @click.option("--device", help="cpu or cuda (default: cuda when available).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Default: the bundle's; a bf16 bundle runs in float32 on a CPU whose bf16 products measure slower.")
 @click.option("--memory-budget", callback=memory_budget_option, help="Memory the pair may use: 300MB, 2GiB or bytes (default: available memory).")
 @click.option("--attest-key", type=click.Path(), help="Private key: sign run records of the served requests (see `bundle attestations`).")
 @click.option("--attest-prompts", is_flag=True, help="With --attest-key: each request's token ids' sha256 and settings in the record, what `bundle replay` checks (never their text).")
