@@ -9,7 +9,8 @@ attention, SiLU MLP, default RoPE); tests check its logits against transformers'
 Where the weights are packed for oneDNN (runner.models.packed, bf16 where a probe at load measures it exact and
 faster) that holds for passes of up to 31 tokens, the sizes decoding steps use; a longer prefill's products
 may then differ from `F.linear`'s in the last bit, because `F.linear` changes its blocking with the row count
-and the packed product does not.
+and the packed product does not. float32 weights may be laid out transposed instead (runner.models.packed):
+float32 logits are transformers' within its rounding, not bit for bit, either way.
 """
 
 from __future__ import annotations
