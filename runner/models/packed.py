@@ -27,7 +27,8 @@ logits within a tolerance. Chosen by measurement too, on weights larger than the
 
 from __future__ import annotations
 
-__all__ = ["float32_pays", "gated_mlp", "linear", "pack", "packed", "pays", "qkv", "transposed", "transposed_pays"]
+__all__ = ["SMALL_BYTES", "float32_pays", "gated_mlp", "head", "linear", "pack", "packed", "pays", "qkv", "transposed",
+           "transposed_pays"]
 
 import functools
 import time
