@@ -380,15 +380,24 @@ def test_default_sequences_fit_the_memory_left() -> None:
     assert default_sequences(100, 50) == 1  # one always (the preflight already checked one)
 
 
-def test_a_batched_torch_pass_computes_each_row_as_its_sequence_alone() -> None:
+@pytest.mark.parametrize("chunk", [PROMPTS[6], PROMPTS[2] + PROMPTS[0] + PROMPTS[5]], ids=["short-chunk", "long-chunk"])
+def test_a_batched_torch_pass_computes_each_row_as_its_sequence_alone(chunk: list[int]) -> None:
     """One pass of rows of every kind (a prompt chunk into an empty sequence, a single step, a verify pass of 4
     tokens on top of a cache, a sequence past the others' ends), the rows in no order of sequence id: each row's
-    logits are those of its own tokens run alone through the single-sequence forward (float32: to 1e-5 of the largest)."""
+    logits are those of its own tokens run alone through the single-sequence forward (float32: to 1e-5 of the largest).
+    A chunk longer than SHORT_ROW attends on its own, the short rows together (runner.models.row_plan)."""
+    from runner.models.row_plan import SHORT_ROW, attention_parts
+
     model = CompactLlama(_torch_llama(3, layers=2))
     context = TorchSharedContext(model, sequences=4, n_ctx_seq=64)
     histories = {0: PROMPTS[2], 1: PROMPTS[0], 3: PROMPTS[4] + PROMPTS[5]}
     context.decode([(seq, tokens, False) for seq, tokens in histories.items()])
-    rows = [(3, [5], False), (2, PROMPTS[6], True), (0, [7, 8, 9, 10], True), (1, [11], True)]
+    rows = [(3, [5], False), (2, chunk, True), (0, [7, 8, 9, 10], True), (1, [11], True)]
+    parts = attention_parts([(seq, context.length(seq), tokens) for seq, tokens, _ in rows], torch.device("cpu"), 2)
+    if len(chunk) > SHORT_ROW:
+        assert [part.rows for part, _ in parts] == [3, 1] and parts[1][1] == slice(1, 1 + len(chunk))
+    else:
+        assert parts is None
     got = context.decode(rows)
     for (seq, tokens, all_logits), logits in zip(rows, got):
         cache = model.new_cache()
@@ -399,4 +408,4 @@ def test_a_batched_torch_pass_computes_each_row_as_its_sequence_alone() -> None:
         expected = alone if all_logits else alone[-1:]
         assert logits.shape == tuple(expected.shape)
         assert float((torch.from_numpy(logits) - expected).abs().max()) <= 1e-5 * float(expected.abs().max()), seq
-    assert context.lengths == [len(PROMPTS[2]) + 4, len(PROMPTS[0]) + 1, len(PROMPTS[6]), len(histories[3]) + 1]
+    assert context.lengths == [len(PROMPTS[2]) + 4, len(PROMPTS[0]) + 1, len(chunk), len(histories[3]) + 1]

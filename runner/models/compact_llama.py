@@ -26,7 +26,7 @@ from runner.models.draft_vocab import full_vocab_logits, head_rows
 from runner.models.invariant import InvariantForward, room
 from runner.models import packed
 from runner.models.packed import gated_mlp, linear, qkv
-from runner.models.row_plan import BatchedCache, RowPlan
+from runner.models.row_plan import BatchedCache, RowPlan, attention_parts
 from runner.checks.modelinfo import COMPACT_ARCHITECTURES as ARCHITECTURES
 
 # ARCHITECTURES: decoders whose layers are Llama's: RMSNorm, rotary attention (Qwen2 adds q/k/v biases), a
@@ -345,6 +345,7 @@ class CompactLlama(torch.nn.Module):
             return self.invariant.rows(cache.keys, cache.values, rows, outputs).float()
         w, heads, kv_heads, d = self.weights, self.heads, self.kv_heads, self.head_dim
         plan = RowPlan(rows, self.device, heads // kv_heads)
+        parts = attention_parts(rows, self.device, heads // kv_heads) or [(plan, None)]
         t, end = plan.tokens, plan.end
         cache.reserve(end)
         x = F.embedding(plan.ids.view(1, t), w.embed)
@@ -352,24 +353,38 @@ class CompactLlama(torch.nn.Module):
         for i, layer in enumerate(w.layers):
             q, k, v = qkv(_rms_norm(x, layer.ln1, self.eps), layer)  # (1, tokens, ...), as forward's: the same kernels
             q = _rotate(q.view(t, heads, d), cos, sin)
+            k = _rotate(k.view(t, kv_heads, d), cos, sin)
+            v = v.view(t, kv_heads, d)
             keys, values = cache.keys[i], cache.values[i]  # (sequences, kv heads, positions, head dim)
-            plan.write(keys, _rotate(k.view(t, kv_heads, d), cos, sin))
-            plan.write(values, v.view(t, kv_heads, d))
-            if plan.padding:
-                padded = q.new_zeros(plan.slots, heads, d)
-                padded[plan.slot] = q
-            else:  # rows of one length (single steps of many sequences, or one row): the tokens are the layout
-                padded = q
-            padded = padded.view(len(rows), plan.width, heads, d).transpose(1, 2)
-            if plan.grouped:  # the query heads that share a kv head as more queries of it (see RowPlan)
-                padded = padded.reshape(len(rows), kv_heads, plan.grouped * plan.width, d)
-            out = F.scaled_dot_product_attention(
-                padded, plan.cells(keys), plan.cells(values), attn_mask=plan.mask, is_causal=plan.causal,
-                scale=self.scale, enable_gqa=heads != kv_heads and not plan.grouped,
-            )
-            out = out.reshape(len(rows), heads, plan.width, d).transpose(1, 2).reshape(plan.slots, heads * d)
-            if plan.padding:
-                out = out[plan.slot]
+            if len(parts) == 1:
+                out = self._attend(plan, q, k, v, keys, values)
+            else:  # rows of very different lengths: each part's tokens on their own (runner.models.row_plan)
+                out = q.new_empty(t, heads * d)
+                for part, tokens in parts:
+                    out[tokens] = self._attend(part, q[tokens], k[tokens], v[tokens], keys, values)
             x = _mlp(x + linear(out.view(1, t, -1), layer.o, layer.o_bias), layer, self.eps)
         return self._logits(x[:, outputs])[0].float()
+
+    def _attend(self, plan: RowPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor) -> torch.Tensor:
+        """Attention of a plan's rows: their keys and values (tokens, kv heads, head dim) into their sequences'
+        cells of one layer, then each query (tokens, heads, head dim) over its own sequence's cells, in one call
+        (rows padded to the longest, a mask per row). Returns (tokens, heads x head dim)."""
+        heads, kv_heads, d, rows = self.heads, self.kv_heads, self.head_dim, plan.rows
+        plan.write(keys, k)
+        plan.write(values, v)
+        if plan.padding:
+            padded = q.new_zeros(plan.slots, heads, d)
+            padded[plan.slot] = q
+        else:  # rows of one length (single steps of many sequences, or one row): the tokens are the layout
+            padded = q
+        padded = padded.view(rows, plan.width, heads, d).transpose(1, 2)
+        if plan.grouped:  # the query heads that share a kv head as more queries of it (see RowPlan)
+            padded = padded.reshape(rows, kv_heads, plan.grouped * plan.width, d)
+        out = F.scaled_dot_product_attention(
+            padded, plan.cells(keys), plan.cells(values), attn_mask=plan.mask, is_causal=plan.causal,
+            scale=self.scale, enable_gqa=heads != kv_heads and not plan.grouped,
+        )
+        out = out.reshape(rows, heads, plan.width, d).transpose(1, 2).reshape(plan.slots, heads * d)
+        return out[plan.slot] if plan.padding else out
 
