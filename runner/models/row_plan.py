@@ -107,8 +107,10 @@ def attention_parts(rows: list[tuple[int, int, list[int]]], device: torch.device
     products still run over the whole pass; only attention is split.
 
     Why: padded to the longest row, a pass of 7 single steps and one 55-token prompt chunk ran attention over 8 x
-    55 query slots, 7 in 8 of them padding, with a mask repeated for every query head: such passes took 234 ms
-    against 62 ms for a pass of 8 single steps (the demo target in float32, the Xeon without native bf16)."""
+    55 query slots, 7 in 8 of them padding, with a mask repeated for every query head: 182-202 ms for such a pass,
+    152-154 ms split, the chunk alone 152 ms (the demo target in float32, a Xeon without native bf16, 2 threads).
+    Served, a prompt joins every few steps at 8 clients: `--no-draft` went from 68-70 to 98-109 tokens/s there
+    (docs/benchmarks.md)."""
     long = [r for r, (_, _, tokens) in enumerate(rows) if len(tokens) > SHORT_ROW]
     if not long or len(rows) == 1:
         return None
