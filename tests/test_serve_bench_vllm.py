@@ -123,3 +123,39 @@ def test_best_vllm_is_the_fastest_vllm_set_up_and_bundle_is_compared_with_it() -
     assert rounds["bundle_plain_over_best_vllm_ttft_p99"] == pytest.approx([0.4, 0.4])
     assert over_run["bundle_over_best_vllm_ttft_p99_of_medians"] == pytest.approx(0.6)
     assert summary["medians"]["vllm-fp32-bind"]["ttft_p99_s"] == pytest.approx(1.0)
+
+
+
+def test_pause_idle_is_an_option_of_load_and_off_by_default() -> None:
+    """`--pause-idle`: every server but the one taking its turn stopped by Process.pause (an idle vLLM CPU engine
+    keeps a core busy); off unless asked."""
+    assert _args("--pause-idle").pause_idle and not _args().pause_idle
+
+
+def test_a_paused_server_is_stopped_in_every_process_of_its_session_until_resumed() -> None:
+    """Process.pause / resume (both benchmarks' --pause-idle): SIGSTOP and SIGCONT to the server's whole session,
+    a real HTTP server on loopback here; stop() ends a paused one too (resumed first, then SIGTERM, by its pid)."""
+    import sys
+    import time
+
+    from serving.common import Process, free_port, proc_stat
+
+    port = free_port()
+    server = Process([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port, ready_path="/",
+                     timeout_s=30, own_session=True)
+    def settles(stopped: bool) -> bool:  # the state the signal leaves, read for at most 2 s
+        for _ in range(200):
+            if (proc_stat(f"/proc/{server.proc.pid}/stat")[1][0] == "T") == stopped:
+                return True
+            time.sleep(0.01)
+        return False
+
+    try:
+        server.pause()
+        assert settles(stopped=True)
+        server.resume()
+        assert settles(stopped=False)
+        server.pause()
+    finally:
+        server.stop()
+    assert server.proc.returncode is not None

@@ -21,7 +21,9 @@ vLLM's CPU engine on the same safetensors files (mode `load`).
 - per concurrency, besides the fixed ratios, `best_llama` and `best_vllm`: the llama-* / vllm-* server of the run
   with the most tokens/s over the run, and `bundle` and `bundle-plain` over it (tokens/s over the run and per
   round, TTFT p99 per round and of the rounds' medians), the figure of "at least the peer's best set-up"
-  whichever it is.
+  whichever it is;
+- `--pause-idle`: every server but the one taking its turn is stopped (SIGSTOP to its session, SIGCONT for its
+  turn): an idle vLLM CPU engine keeps a core 50-90% busy, which on 2 cores slowed the other servers' turns.
 
     serve_bench.py --mode load --servers bundle,llama,llama-draft,llama-ngram-simple,llama-ngram-map-k \\
         [--clients 1] [--prompts grounded]
@@ -80,6 +82,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--servers", default="bundle,bundle-plain,llama,llama-draft",
                         help="comma-separated, of: " + ", ".join(SERVERS))
     parser.add_argument("--build", action="store_true", help="build llama-server if it is not cached")
+    parser.add_argument("--pause-idle", action="store_true",
+                        help="every server but the one taking its turn stopped (SIGSTOP to its session, SIGCONT for its "
+                             "turn): an idle vLLM CPU engine keeps a core busy and would slow the others' turns")
     parser.add_argument("--dtype", help="bundle serve's --dtype (a safetensors bundle; default: the bundle's)")
     vllm.add_options(parser)
 
@@ -93,11 +98,11 @@ def _starter(args: argparse.Namespace, binary: Path | None, files: dict[str, Pat
         if name.startswith("bundle"):
             extra = ["--sequences", str(1 if name == "bundle-1" else clients)]  # as llama-server's -np N
             extra += (["--dtype", args.dtype] if args.dtype else []) + (["--no-draft"] if name == "bundle-plain" else [])
-            return Process(bundle_serve_argv(args, port, extra), port)
+            return Process(bundle_serve_argv(args, port, extra), port, own_session=args.pause_idle)
         draft = name == "llama-draft"
         return Process(server_argv(binary, files["target"], port, threads, slots=clients, spec_type=LLAMA_SERVERS[name],
                                    draft=files["draft"] if draft else None,
-                                   draft_max=args.draft_max if draft else None), port)
+                                   draft_max=args.draft_max if draft else None), port, own_session=args.pause_idle)
 
     return start
 
@@ -136,6 +141,9 @@ def _rounds(args: argparse.Namespace, procs: dict[tuple[str, int], Process], pro
                 batch = [prompts[(offset + i) % len(prompts)] for i in range(size)]
                 offset += size
                 for name in (servers if (round_ * turns + t) % 2 == 0 else servers[::-1]):
+                    if args.pause_idle:  # only the server taking its turn runs
+                        for proc in {id(p): p for p in procs.values()}.values():
+                            (proc.resume if proc is procs[(name, clients)] else proc.pause)()
                     requests, wall = drive(procs[(name, clients)], batch, clients, args.max_tokens)
                     answered[name] += requests
                     walls[name] += wall
@@ -248,5 +256,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 proc.stop()
     return {**machine(), "threads": threads, "ref": args.ref, "dtype": args.dtype, "prompts": args.prompts,
             "max_tokens": args.max_tokens, "rounds": args.rounds, "requests_per_client": args.requests_per_client,
+            "pause_idle": args.pause_idle,
             "min_requests": args.min_requests, "warmup": args.warmup, "llama_server": str(binary) if binary else None,
             "vllm": shown, "summary": {str(c): _summary(results, servers, c) for c in levels}, "runs": results}

@@ -94,7 +94,8 @@ def start(checked: Any, name: str, args: argparse.Namespace, sequences: int) -> 
     runs as the result records it (version, argv, environment, speculation)."""
     port = free_port()
     started, env = launch(checked, name, args, sequences, port)
-    proc = Process(started.argv, port, env=env, ready_path="/health", timeout_s=START_TIMEOUT_S, model=checked.info["ref"])
+    proc = Process(started.argv, port, env=env, ready_path="/health", timeout_s=START_TIMEOUT_S, model=checked.info["ref"],
+                   own_session=getattr(args, "pause_idle", False))
     shown = started.shown()
     shown["env"] = {k: v for k, v in sorted(env.items()) if v is not None}
     return proc, shown
