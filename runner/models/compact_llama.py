@@ -345,7 +345,7 @@ class CompactLlama(torch.nn.Module):
             return self.invariant.rows(cache.keys, cache.values, rows, outputs).float()
         w, heads, kv_heads, d = self.weights, self.heads, self.kv_heads, self.head_dim
         plan = RowPlan(rows, self.device, heads // kv_heads)
-        parts = attention_parts(rows, self.device, heads // kv_heads) or [(plan, None)]
+        parts = attention_parts(rows, self.device, heads // kv_heads)  # None: the whole pass attends at once
         t, end = plan.tokens, plan.end
         cache.reserve(end)
         x = F.embedding(plan.ids.view(1, t), w.embed)
@@ -356,7 +356,7 @@ class CompactLlama(torch.nn.Module):
             k = _rotate(k.view(t, kv_heads, d), cos, sin)
             v = v.view(t, kv_heads, d)
             keys, values = cache.keys[i], cache.values[i]  # (sequences, kv heads, positions, head dim)
-            if len(parts) == 1:
+            if parts is None:
                 out = self._attend(plan, q, k, v, keys, values)
             else:  # rows of very different lengths: each part's tokens on their own (runner.models.row_plan)
                 out = q.new_empty(t, heads * d)

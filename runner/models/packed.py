@@ -115,8 +115,7 @@ def transposed_pays(dtype: torch.dtype, threads: int) -> bool:
     from memory); measured once per process. Not for bf16: there the packed layout (`pays`) keeps the bits."""
     if dtype != torch.float32:
         return False
-    stored = list(torch.full((24, 3072, 576), 0.01))  # 170 MB: beyond this machine's L3 (the values do not matter)
-    laid = list(torch.full((24, 576, 3072), 0.01).transpose(1, 2))  # as `transposed` lays them out
+    stored, laid = _probe_weights(torch.float32, laid_out=False), _probe_weights(torch.float32, laid_out=True)
     faster = []
     for rows in (1, 8):
         x = torch.full((1, rows, 576), 0.5)
@@ -138,15 +137,22 @@ def float32_pays(threads: int) -> bool:
     `load_pair` asks only for a bundle that names bf16 and a user who named no --dtype."""
     if pays(torch.bfloat16, threads):  # exact packed bf16 products, faster than F.linear's: a bf16-native CPU
         return False
-    bf16 = list(torch.full((24, 3072, 576), 0.01, dtype=torch.bfloat16))
-    f32 = list(torch.full((24, 576, 3072), 0.01).transpose(1, 2)) if transposed_pays(torch.float32, threads) \
-        else list(torch.full((24, 3072, 576), 0.01))
+    bf16 = _probe_weights(torch.bfloat16, laid_out=False)
+    f32 = _probe_weights(torch.float32, laid_out=transposed_pays(torch.float32, threads))
     for rows, bound in ((1, 1.15), (8, 0.9)):
         x, xb = torch.full((1, rows, 576), 0.5), torch.full((1, rows, 576), 0.5, dtype=torch.bfloat16)
         bf16_s = _seconds(lambda: [F.linear(xb, w) for w in bf16], rounds=1)
         if _seconds(lambda: [F.linear(x, w) for w in f32], rounds=1) >= bound * bf16_s:
             return False
     return True
+
+
+def _probe_weights(dtype: torch.dtype, laid_out: bool) -> list[torch.Tensor]:
+    """The probes' weights: 24 of the demo's MLP shape (3072 x 576), 170 MB in float32, beyond this machine's L3 (the
+    values do not matter); `laid_out`: as `transposed` lays them out."""
+    if laid_out:
+        return list(torch.full((24, 576, 3072), 0.01, dtype=dtype).transpose(1, 2))
+    return list(torch.full((24, 3072, 576), 0.01, dtype=dtype))
 
 
 def _seconds(call, rounds: int = 30) -> float:
