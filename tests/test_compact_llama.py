@@ -213,24 +213,37 @@ def test_a_model_loaded_without_transformers_gives_its_bfloat16_logits_bit_for_b
         assert a.dtype == torch.bfloat16 and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("layout", ["transposed", "mkl"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_float32_weights_laid_out_transposed_give_transformers_logits_alone_and_in_a_batch(tmp_path: Path, arch: str,
-                                                                                          monkeypatch) -> None:
-    """float32 where the transposed layout pays (runner.models.packed; forced here, on a model below its size
-    floor): each projection held as its transpose, q/k/v and gate/up fused, the head too; the logits of
-    transformers' model from the same files (within float32's rounding: F.linear's own bits move with the row
-    count), one sequence and a batched pass of three (runner.models.row_plan) alike."""
+def test_float32_weights_laid_out_for_mkl_give_transformers_logits_alone_and_in_a_batch(tmp_path: Path, arch: str,
+                                                                                       layout: str, monkeypatch) -> None:
+    """float32 where a layout of its own pays (runner.models.packed; forced here, on a model below its size
+    floor): each projection held as its transpose, or packed once for MKL's packed product (`MklPacked`, called
+    at every row count of the passes below: 9, 1, 4, and 16 batched), q/k/v and gate/up fused, the head
+    transposed; the logits of transformers' model from the same files (within float32's rounding: F.linear's
+    own bits move with the row count), one sequence and a batched pass of three (runner.models.row_plan) alike."""
     from runner.models import packed
     from runner.models.loading import load_models
     from tests.tinymodels import tiny_model
 
+    if layout == "mkl" and not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        pytest.skip("this torch has no MKL packed product")
     monkeypatch.setattr(packed, "transposed_pays", lambda dtype, threads: dtype == torch.float32)
+    monkeypatch.setattr(packed, "mkl_pays", lambda threads: layout == "mkl")
     monkeypatch.setattr(packed, "SMALL_BYTES", 0)
     files = _files(tmp_path, tiny_model(arch, V, seed=4, hidden=64, layers=2, heads=4, kv_heads=2, init_std=0.2))
     (ours,), (theirs,) = load_models([files], "float32", "cpu", compact=True), load_models([files], "float32", "cpu")
     layer = ours.weights.layers[1]
-    assert ours.weights.transposed and not hasattr(layer, "q") and not layer.qkv.is_mkldnn
-    for laid in (layer.qkv, layer.gate_up, layer.o, layer.down, ours.head):  # (out, in), its transpose contiguous
+    assert ours.weights.transposed and not hasattr(layer, "q")
+    laid_out = [layer.qkv, layer.gate_up, layer.o, layer.down]
+    if layout == "mkl":
+        assert all(isinstance(w, packed.MklPacked) and w.dtype == torch.float32 for w in laid_out)
+        attn, mlp = theirs.model.layers[1].self_attn, theirs.model.layers[1].mlp
+        fused = [torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                 torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), attn.o_proj.weight, mlp.down_proj.weight]
+        assert [w.shape for w in laid_out] == [w.shape for w in fused]
+        laid_out = []
+    for laid in (*laid_out, ours.head):  # (out, in), its transpose contiguous
         assert laid.t().is_contiguous() and not laid.is_contiguous()
     assert (layer.qkv_bias is not None) == (arch == "qwen2")
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
@@ -246,6 +259,26 @@ def test_float32_weights_laid_out_transposed_give_transformers_logits_alone_and_
         for i, prompt in enumerate(prompts):
             alone = reference(input_ids=torch.tensor([prompt]), cache=reference.new_cache(), logits_to_keep=1).logits[0, -1]
             assert torch.allclose(batched[i], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 8, 17, 64, 100])
+def test_a_weight_packed_once_for_mkl_serves_every_row_count_with_its_bias(rows: int) -> None:
+    """MklPacked is packed for 64 rows and called with each pass's own (runner.models.packed): at every row count,
+    none included, a 2-D or 3-D input, with a bias or without, F.linear's result within float32's rounding, and
+    the weight's own shape, dtype and element count (a model's parameter count reads them)."""
+    from runner.models import packed
+
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        pytest.skip("this torch has no MKL packed product")
+    g = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(96, 40, generator=g), torch.randn(96, generator=g)
+    laid = packed.MklPacked(weight)
+    assert (laid.shape, laid.dtype, laid.numel()) == (weight.shape, torch.float32, 96 * 40)
+    for x in (torch.randn(rows, 40, generator=g), torch.randn(1, rows, 40, generator=g)):
+        for b in (None, bias):
+            out = packed.linear(x, laid, b)
+            assert out.shape == (*x.shape[:-1], 96)
+            assert torch.allclose(out, torch.nn.functional.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
 def test_a_checkpoint_that_is_not_exactly_the_configs_goes_to_transformers_and_its_checks(tmp_path: Path) -> None:

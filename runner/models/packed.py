@@ -27,8 +27,8 @@ logits within a tolerance. Chosen by measurement too, on weights larger than the
 
 from __future__ import annotations
 
-__all__ = ["SMALL_BYTES", "float32_pays", "gated_mlp", "head", "linear", "pack", "packed", "pays", "qkv", "transposed",
-           "transposed_pays"]
+__all__ = ["MklPacked", "SMALL_BYTES", "float32_pays", "gated_mlp", "head", "linear", "mkl_pays", "pack", "packed", "pays",
+           "qkv", "transposed", "transposed_pays"]
 
 import functools
 import time
@@ -44,8 +44,46 @@ _PASS_ROWS = (1, 3, 8, 33, 100)  # row counts over which a row's bits must not m
 SMALL_BYTES = 16 << 20
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+class MklPacked:
+    """A float32 weight (out, in) packed once in the layout of MKL's packed product (`cblas_sgemm_compute`, reached
+    through `torch.ops.mkl._mkl_linear`, the op torch's compiler emits for a frozen float32 linear), for `linear`.
+
+    Why: from 2 rows MKL's plain product packs the panel of the weight it reads at every call; packed once at load,
+    a product of a few rows reads it as it lies. Measured on the Ice Lake Xeon, 2 threads, 15 layers of the demo's
+    projections (gate/up fused, down, q/k/v fused, o), against the transposed layout: 2 rows 17.0 -> 12.7 ms, 8
+    rows 21.1 -> 15.0, 16 rows 19.3 -> 14.9, 40 rows 34.7 -> 27.0, 64 rows 51.1 -> 29.7; 1 row 12.1 -> 12.9.
+    Packed for 64 rows (MKL's layout depends on the row count it is packed for: packed for 1 or 8 rows it was
+    slower from 16 rows), and called with each pass's own row count: torch's op falls back to a plain weight only
+    when the two differ, and MKL's packed weight serves any row count (checked at load, `mkl_pays`). Its buffer
+    is sized above the weight's bytes (3x here) but only the weight's bytes are ever touched (resident memory
+    grows by 1x: measured). Not a tensor: `shape`, `dtype`, `numel()` and `element_size()` are the weight's."""
+
+    __slots__ = ("data", "dtype", "shape", "_sizes")
+    ROWS = 64  # the row count MKL packs for
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.shape, self.dtype = weight.shape, weight.dtype
+        self.data = torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), self.ROWS)
+        self._sizes = weight.new_zeros(1, 1).expand(weight.shape)  # the op reads the weight's sizes off this
+
+    @property
+    def device(self) -> torch.device:
+        return self._sizes.device
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def element_size(self) -> int:
+        return self._sizes.element_size()
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.mkl._mkl_linear(x, self.data, self._sizes, bias, x.numel() // x.shape[-1])
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | MklPacked, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, on a packed weight (`pack`) as on a plain one."""
+    if isinstance(weight, MklPacked):
+        return weight.product(x, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -133,8 +171,8 @@ def float32_pays(threads: int) -> bool:
     AVX-512 BF16, no AMX) converts every bf16 element it multiplies, so its bf16 products run at about a quarter
     of float32's arithmetic (measured on an Intel Xeon with AVX-512 and no BF16, Ice Lake class: 60 against 236
     GFLOP/s, and a step of 8 sequences 114 against 77 ms), while float32 reads twice the bytes. Measured once per
-    process: bf16 as it would run (packed where `pays`) against float32 as it would run (`transposed` where that
-    pays) at eight rows and at one, on weights beyond the caches: float32 must be faster by a tenth at eight rows
+    process: bf16 as it would run (packed where `pays`) against float32 as it would run (`transposed` or
+    `MklPacked` where those pay) at eight rows and at one, on weights beyond the caches: float32 must be faster by a tenth at eight rows
     (a batch) and at most 40% slower at one. Why 40%: at one row the probe's products read 1.19-1.22x bf16's
     time on that Xeon (both stream the weights; bf16 reads half the bytes and converts them), while the whole step
     of one sequence, attention and norms included, was faster in float32 (46.6 against 49.7 ms): the probe
@@ -146,11 +184,43 @@ def float32_pays(threads: int) -> bool:
     if pays(torch.bfloat16, threads):  # exact packed bf16 products, faster than F.linear's: a bf16-native CPU
         return False
     bf16 = _probe_weights(torch.bfloat16, laid_out=False)
-    f32 = _probe_weights(torch.float32, laid_out=transposed_pays(torch.float32, threads))
+    f32: list = _probe_weights(torch.float32, laid_out=transposed_pays(torch.float32, threads))
+    if transposed_pays(torch.float32, threads) and mkl_pays(threads):
+        f32 = [MklPacked(w) for w in _probe_weights(torch.float32, laid_out=False)]
     for rows, bound in ((8, 0.9), (1, 1.4)):
         x, xb = torch.full((1, rows, 576), 0.5), torch.full((1, rows, 576), 0.5, dtype=torch.bfloat16)
-        bf16_s, f32_s = _turns(lambda: [F.linear(xb, w) for w in bf16], lambda: [F.linear(x, w) for w in f32])
+        bf16_s, f32_s = _turns(lambda: [F.linear(xb, w) for w in bf16], lambda: [linear(x, w) for w in f32])
         if f32_s >= bound * bf16_s:
+            return False
+    return True
+
+
+@functools.cache
+def mkl_pays(threads: int) -> bool:
+    """Whether float32 weights packed for MKL's product (`MklPacked`) beat the `transposed` layout here: the packed
+    product must give F.linear's results (within float32's rounding) at every row count tried, on one weight packed
+    once (MKL promises a packed weight to the row count it was packed for; torch's op would fall back to a plain
+    weight for any other, so `MklPacked` calls it with each pass's own: checked here, not assumed), be faster by a
+    tenth at eight rows and at most 15% slower at one (1.06x on 15 layers of the demo's projections, 1.11x on the
+    probe's 24 weights, on the Ice Lake Xeon). Measured once per process, on weights beyond the caches."""
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(3072, 576, generator=gen)
+    try:
+        laid = MklPacked(weight)
+        for rows in _PASS_ROWS + _STEP_ROWS:
+            x = torch.randn(1, rows, 576, generator=gen)
+            if not torch.allclose(linear(x, laid), F.linear(x, weight), rtol=1e-4, atol=1e-4):
+                return False
+    except RuntimeError:  # a torch without MKL's packed product for float32
+        return False
+    transposed_w = _probe_weights(torch.float32, laid_out=True)
+    mkl_w = [MklPacked(w) for w in _probe_weights(torch.float32, laid_out=False)]
+    for rows, bound in ((8, 0.9), (1, 1.15)):
+        x = torch.full((1, rows, 576), 0.5)
+        transposed_s, mkl_s = _turns(lambda: [F.linear(x, w) for w in transposed_w], lambda: [linear(x, w) for w in mkl_w])
+        if mkl_s >= bound * transposed_s:
             return False
     return True
 
@@ -192,14 +262,15 @@ def _turns(first, second, rounds: int = 5) -> tuple[float, float]:
 def pack(weights: SimpleNamespace) -> SimpleNamespace:
     """`weights` (runner.models.compact_llama's namespace) with every layer's projections laid out for this CPU's
     product and q/k/v and gate/up fused, in place (the plain tensors are dropped: one copy in memory), when that
-    pays here: float32 `transposed` (`transposed_pays`), bf16 `packed` (`pays`); else unchanged. The head is laid
+    pays here: float32 packed for MKL's product (`MklPacked`, where `mkl_pays` too) or else `transposed`
+    (`transposed_pays`), bf16 `packed` (`pays`); else unchanged. The head is laid
     out by the model that scores with it (`head`; its rows may be a subset). The tensors left as they are are
     copied out of the checkpoint's buffer, so that buffer is freed once loading ends."""
     if getattr(weights, "packed", False):
         return weights
     threads = torch.get_num_threads()
     if _bytes(weights) >= SMALL_BYTES and transposed_pays(weights.embed.dtype, threads):
-        lay, weights.transposed = transposed, True
+        lay, weights.transposed = (MklPacked if mkl_pays(threads) else transposed), True  # the head: transposed
     elif pays(weights.embed.dtype, threads):
         lay = packed
     else:
