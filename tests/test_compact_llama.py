@@ -226,7 +226,7 @@ def test_float32_weights_laid_out_for_mkl_give_transformers_logits_alone_and_in_
     from runner.models.loading import load_models
     from tests.tinymodels import tiny_model
 
-    if layout == "mkl" and not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+    if layout == "mkl" and not packed.MklPacked.available():
         pytest.skip("this torch has no MKL packed product")
     monkeypatch.setattr(packed, "transposed_pays", lambda dtype, threads: dtype == torch.float32)
     monkeypatch.setattr(packed, "mkl_pays", lambda threads: layout == "mkl")
@@ -268,7 +268,7 @@ def test_a_weight_packed_once_for_mkl_serves_every_row_count_with_its_bias(rows:
     the weight's own shape, dtype and element count (a model's parameter count reads them)."""
     from runner.models import packed
 
-    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+    if not packed.MklPacked.available():
         pytest.skip("this torch has no MKL packed product")
     g = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(96, 40, generator=g), torch.randn(96, generator=g)

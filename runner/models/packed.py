@@ -22,15 +22,16 @@ q/k/v and gate/up fused. Measured on an Intel Xeon with AVX-512 and no native bf
 30 layers of the demo target's shapes: 8 rows 27.0 -> 20.0 ms, 16 rows 54.4 -> 23.9 ms, 1 row 10.9 -> 8.9 ms,
 and the same bits as `torch.matmul` on that layout. Where MKL's packed product serves any row count from one
 packed weight and beats that layout (`mkl_pays`), each projection is instead packed once for it (`MklPacked`):
-a step of 8 sequences of the demo's shapes 65.6 -> 55.0 ms, of 1 sequence 32.8 -> 35.0 ms. No bits are promised to move or stay here: float32's
-`F.linear` already changes a row's bits with the row count (runner.models.invariant), and tests compare float32
-logits within a tolerance. Chosen by measurement too, on weights larger than the caches.
+a step of 8 sequences of the demo's shapes 65.6 -> 55.0 ms, of 1 sequence 32.8 -> 35.0 ms. No bits are promised
+to move or stay here: float32's `F.linear` already changes a row's bits with the row count
+(runner.models.invariant), and tests compare float32 logits within a tolerance. Chosen by measurement too, on
+weights larger than the caches.
 """
 
 from __future__ import annotations
 
-__all__ = ["MklPacked", "SMALL_BYTES", "float32_pays", "gated_mlp", "head", "linear", "mkl_pays", "pack", "packed", "pays",
-           "qkv", "transposed", "transposed_pays"]
+__all__ = ["MklPacked", "SMALL_BYTES", "float32_pays", "gated_mlp", "head", "linear", "mkl_pays", "pack", "packed",
+           "pays", "qkv", "transposed", "transposed_pays"]
 
 import functools
 import time
@@ -67,6 +68,11 @@ class MklPacked:
         self.shape, self.dtype = weight.shape, weight.dtype
         self.data = torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), self.ROWS)
         self._sizes = weight.new_zeros(1, 1).expand(weight.shape)  # the op reads the weight's sizes off this
+
+    @staticmethod
+    def available() -> bool:
+        """Whether this torch has MKL's packed float32 product (x86 builds do; others fall back to `transposed`)."""
+        return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
     @property
     def device(self) -> torch.device:
@@ -174,21 +180,22 @@ def float32_pays(threads: int) -> bool:
     of float32's arithmetic (measured on an Intel Xeon with AVX-512 and no BF16, Ice Lake class: 60 against 236
     GFLOP/s, and a step of 8 sequences 114 against 77 ms), while float32 reads twice the bytes. Measured once per
     process: bf16 as it would run (packed where `pays`) against float32 as it would run (`transposed` or
-    `MklPacked` where those pay) at eight rows and at one, on weights beyond the caches: float32 must be faster by a tenth at eight rows
-    (a batch) and at most 40% slower at one. Why 40%: at one row the probe's products read 1.19-1.22x bf16's
-    time on that Xeon (both stream the weights; bf16 reads half the bytes and converts them), while the whole step
-    of one sequence, attention and norms included, was faster in float32 (46.6 against 49.7 ms): the probe
-    overstates float32's cost at one row by about 1.28x, so 1.4 on the probe is a step about a tenth slower. The
-    bound this replaced (1.15, each side timed alone) let noise decide in one start of five on an idle machine;
-    one server of the demo pair ran 8 clients at 61-66 tok/s where another start of it ran 95. On a machine oversubscribed while it
-    starts (two busy processes on two cores) no probe here decides reliably: every measured ratio reads about 1.
+    `MklPacked` where those pay) at eight rows and at one, on weights beyond the caches: float32 must be faster
+    by a tenth at eight rows (a batch) and at most 40% slower at one. Why 40%: at one row the probe's products read
+    1.19-1.22x bf16's time on that Xeon (both stream the weights; bf16 reads half the bytes and converts them),
+    while the whole step of one sequence, attention and norms included, was faster in float32 (46.6 against 49.7
+    ms): the probe overstates float32's cost at one row by about 1.28x, so 1.4 on the probe is a step about a tenth
+    slower. The bound this replaced (1.15, each side timed alone) let noise decide in one start of five on an idle
+    machine; one server of the demo pair ran 8 clients at 61-66 tok/s where another start of it ran 95. On a machine
+    oversubscribed while it starts (two busy processes on two cores) no probe here decides reliably: every measured
+    ratio reads about 1.
     runner.run's `load_pair` asks only for a bundle that names bf16 and a user who named no --dtype."""
     if pays(torch.bfloat16, threads):  # exact packed bf16 products, faster than F.linear's: a bf16-native CPU
         return False
     bf16 = _probe_weights(torch.bfloat16, laid_out=False)
-    f32: list = _probe_weights(torch.float32, laid_out=transposed_pays(torch.float32, threads))
-    if transposed_pays(torch.float32, threads) and mkl_pays(threads):
-        f32 = [MklPacked(w) for w in _probe_weights(torch.float32, laid_out=False)]
+    laid = transposed_pays(torch.float32, threads)
+    f32 = ([MklPacked(w) for w in _probe_weights(torch.float32, laid_out=False)] if laid and mkl_pays(threads)
+           else _probe_weights(torch.float32, laid_out=laid))
     for rows, bound in ((8, 0.9), (1, 1.4)):
         x, xb = torch.full((1, rows, 576), 0.5), torch.full((1, rows, 576), 0.5, dtype=torch.bfloat16)
         bf16_s, f32_s = _turns(lambda: [F.linear(xb, w) for w in bf16], lambda: [linear(x, w) for w in f32])
@@ -200,12 +207,13 @@ def float32_pays(threads: int) -> bool:
 @functools.cache
 def mkl_pays(threads: int) -> bool:
     """Whether float32 weights packed for MKL's product (`MklPacked`) beat the `transposed` layout here: the packed
-    product must give F.linear's results (within float32's rounding) at every row count tried, on one weight packed
-    once (MKL promises a packed weight to the row count it was packed for; torch's op would fall back to a plain
-    weight for any other, so `MklPacked` calls it with each pass's own: checked here, not assumed), be faster by a
-    tenth at eight rows and at most 15% slower at one (1.06x on 15 layers of the demo's projections, 1.11x on the
-    probe's 24 weights, on the Ice Lake Xeon). Measured once per process, on weights beyond the caches."""
-    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+    product must give F.linear's results (within float32's rounding) at every row count tried on one weight packed
+    once (torch's op reads the packed weight only when a pass's row count equals the one it is handed and falls
+    back to a plain weight otherwise; `MklPacked` hands it each pass's own, so MKL's packed weight must serve every
+    row count: checked here, not assumed), be faster by a tenth at eight rows and at most 15% slower at one
+    (1.06x on 15 layers of the demo's projections, 1.11x on the probe's 24 weights, on the Ice Lake Xeon).
+    Measured once per process, on weights beyond the caches."""
+    if not MklPacked.available():
         return False
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(3072, 576, generator=gen)
@@ -221,7 +229,8 @@ def mkl_pays(threads: int) -> bool:
     mkl_w = [MklPacked(w) for w in _probe_weights(torch.float32, laid_out=False)]
     for rows, bound in ((8, 0.9), (1, 1.15)):
         x = torch.full((1, rows, 576), 0.5)
-        transposed_s, mkl_s = _turns(lambda: [F.linear(x, w) for w in transposed_w], lambda: [linear(x, w) for w in mkl_w])
+        transposed_s, mkl_s = _turns(lambda: [F.linear(x, w) for w in transposed_w],
+                                     lambda: [linear(x, w) for w in mkl_w])
         if mkl_s >= bound * transposed_s:
             return False
     return True
@@ -265,9 +274,9 @@ def pack(weights: SimpleNamespace) -> SimpleNamespace:
     """`weights` (runner.models.compact_llama's namespace) with every layer's projections laid out for this CPU's
     product and q/k/v and gate/up fused, in place (the plain tensors are dropped: one copy in memory), when that
     pays here: float32 packed for MKL's product (`MklPacked`, where `mkl_pays` too) or else `transposed`
-    (`transposed_pays`), bf16 `packed` (`pays`); else unchanged. The head is laid
-    out by the model that scores with it (`head`; its rows may be a subset). The tensors left as they are are
-    copied out of the checkpoint's buffer, so that buffer is freed once loading ends."""
+    (`transposed_pays`), bf16 `packed` (`pays`); else unchanged. The head is laid out by the model that scores
+    with it (`head`; its rows may be a subset). The tensors left as they are are copied out of the checkpoint's
+    buffer, so that buffer is freed once loading ends."""
     if getattr(weights, "packed", False):
         return weights
     threads = torch.get_num_threads()
