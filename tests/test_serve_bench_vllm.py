@@ -125,7 +125,6 @@ def test_best_vllm_is_the_fastest_vllm_set_up_and_bundle_is_compared_with_it() -
     assert summary["medians"]["vllm-fp32-bind"]["ttft_p99_s"] == pytest.approx(1.0)
 
 
-
 def test_pause_idle_is_an_option_of_load_and_off_by_default() -> None:
     """`--pause-idle`: every server but the one taking its turn stopped by Process.pause (an idle vLLM CPU engine
     keeps a core busy); off unless asked."""

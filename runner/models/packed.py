@@ -74,10 +74,6 @@ class MklPacked:
         """Whether this torch has MKL's packed float32 product (x86 builds do; others fall back to `transposed`)."""
         return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
-    @property
-    def device(self) -> torch.device:
-        return self._sizes.device
-
     def numel(self) -> int:
         return self.shape.numel()
 
@@ -165,12 +161,7 @@ def transposed_pays(dtype: torch.dtype, threads: int) -> bool:
     if dtype != torch.float32:
         return False
     stored, laid = _probe_weights(torch.float32, laid_out=False), _probe_weights(torch.float32, laid_out=True)
-    for rows, bound in ((8, 0.95), (1, 1.1)):
-        x = torch.full((1, rows, 576), 0.5)
-        plain_s, laid_s = _turns(lambda: [F.linear(x, w) for w in stored], lambda: [F.linear(x, w) for w in laid])
-        if laid_s >= bound * plain_s:
-            return False
-    return True
+    return _beats(stored, laid, ((8, 0.95), (1, 1.1)))
 
 
 @functools.cache
@@ -196,12 +187,7 @@ def float32_pays(threads: int) -> bool:
     laid = transposed_pays(torch.float32, threads)
     f32 = ([MklPacked(w) for w in _probe_weights(torch.float32, laid_out=False)] if laid and mkl_pays(threads)
            else _probe_weights(torch.float32, laid_out=laid))
-    for rows, bound in ((8, 0.9), (1, 1.6)):
-        x, xb = torch.full((1, rows, 576), 0.5), torch.full((1, rows, 576), 0.5, dtype=torch.bfloat16)
-        bf16_s, f32_s = _turns(lambda: [F.linear(xb, w) for w in bf16], lambda: [linear(x, w) for w in f32])
-        if f32_s >= bound * bf16_s:
-            return False
-    return True
+    return _beats(bf16, f32, ((8, 0.9), (1, 1.6)))
 
 
 @functools.cache
@@ -228,13 +214,7 @@ def mkl_pays(threads: int) -> bool:
         return False
     transposed_w = _probe_weights(torch.float32, laid_out=True)
     mkl_w = [MklPacked(w) for w in _probe_weights(torch.float32, laid_out=False)]
-    for rows, bound in ((8, 0.9), (1, 1.4)):
-        x = torch.full((1, rows, 576), 0.5)
-        transposed_s, mkl_s = _turns(lambda: [F.linear(x, w) for w in transposed_w],
-                                     lambda: [linear(x, w) for w in mkl_w])
-        if mkl_s >= bound * transposed_s:
-            return False
-    return True
+    return _beats(transposed_w, mkl_w, ((8, 0.9), (1, 1.4)))
 
 
 def _probe_weights(dtype: torch.dtype, laid_out: bool) -> list[torch.Tensor]:
@@ -255,6 +235,19 @@ def _seconds(call, rounds: int = 30) -> float:
             call()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _beats(baseline: list, candidate: list, bounds: tuple[tuple[int, float], ...]) -> bool:
+    """Whether the products of `rows` rows with the `candidate` weights take less than `bound` times those with the
+    `baseline` weights, at every (rows, bound) of `bounds`, the two timed in turns (`_turns`); each side's input in
+    its own weights' dtype."""
+    for rows, bound in bounds:
+        x, y = (torch.full((1, rows, 576), 0.5, dtype=weights[0].dtype) for weights in (baseline, candidate))
+        baseline_s, candidate_s = _turns(lambda: [linear(x, w) for w in baseline],
+                                         lambda: [linear(y, w) for w in candidate])
+        if candidate_s >= bound * baseline_s:
+            return False
+    return True
 
 
 def _turns(first, second, rounds: int = 5) -> tuple[float, float]:
